@@ -1,0 +1,67 @@
+# Finds Meridian's dependencies (all from Debian). Required ones fail the configure
+# with the package to install; optional ones switch their option off with a warning.
+find_package(Threads REQUIRED)
+find_package(OpenSSL REQUIRED)        # libssl-dev: HMAC for the job-secret handshake
+find_package(fmt REQUIRED)            # libfmt-dev
+find_package(spdlog REQUIRED)         # libspdlog-dev
+find_package(nlohmann_json REQUIRED)  # nlohmann-json3-dev
+find_package(CLI11 CONFIG QUIET)      # libcli11-dev
+if(NOT CLI11_FOUND)
+  find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp)
+  if(NOT CLI11_INCLUDE_DIR)
+    message(FATAL_ERROR "CLI11 not found: apt-get install libcli11-dev")
+  endif()
+  add_library(CLI11::CLI11 INTERFACE IMPORTED)
+  target_include_directories(CLI11::CLI11 INTERFACE ${CLI11_INCLUDE_DIR})
+endif()
+
+if(MERIDIAN_BUILD_TESTS)
+  find_package(GTest REQUIRED)        # libgtest-dev libgmock-dev
+  find_package(benchmark QUIET)       # libbenchmark-dev
+endif()
+
+# CUDA: AUTO means on when nvcc is found.
+if(MERIDIAN_ENABLE_CUDA STREQUAL "AUTO" OR MERIDIAN_ENABLE_CUDA)
+  include(CheckLanguage)
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 90)
+    endif()
+    enable_language(CUDA)
+    set(MERIDIAN_ENABLE_CUDA ON)
+  else()
+    if(MERIDIAN_ENABLE_CUDA STREQUAL "ON")
+      message(WARNING "MERIDIAN_ENABLE_CUDA=ON but nvcc was not found: CUDA kernels are off")
+    endif()
+    set(MERIDIAN_ENABLE_CUDA OFF)
+  endif()
+endif()
+
+if(MERIDIAN_ENABLE_LIBFABRIC)
+  find_package(PkgConfig QUIET)
+  if(PkgConfig_FOUND)
+    pkg_check_modules(LIBFABRIC QUIET IMPORTED_TARGET libfabric)
+  endif()
+  if(NOT LIBFABRIC_FOUND)
+    message(WARNING "libfabric not found (apt-get install libfabric-dev): MERIDIAN_ENABLE_LIBFABRIC is off")
+    set(MERIDIAN_ENABLE_LIBFABRIC OFF)
+  endif()
+endif()
+
+if(MERIDIAN_ENABLE_IBVERBS)
+  find_library(IBVERBS_LIBRARY ibverbs)
+  find_path(IBVERBS_INCLUDE_DIR infiniband/verbs.h)
+  if(NOT IBVERBS_LIBRARY OR NOT IBVERBS_INCLUDE_DIR)
+    message(WARNING "libibverbs not found (apt-get install libibverbs-dev): MERIDIAN_ENABLE_IBVERBS is off")
+    set(MERIDIAN_ENABLE_IBVERBS OFF)
+  endif()
+endif()
+
+find_package(MPI QUIET COMPONENTS CXX)  # libopenmpi-dev, for the side-by-side benchmark
+
+message(STATUS "Meridian: CUDA=${MERIDIAN_ENABLE_CUDA} libfabric=${MERIDIAN_ENABLE_LIBFABRIC} "
+               "ibverbs=${MERIDIAN_ENABLE_IBVERBS} sanitize=${MERIDIAN_SANITIZE} MPI=${MPI_CXX_FOUND}")

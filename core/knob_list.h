@@ -1,0 +1,40 @@
+// Every MERIDIAN_* environment variable, declared once: (identifier, name, type, default,
+// one sentence). The README's knob table is generated from this list
+// (`meridian-knobs --markdown`, checked by tests/core/knobs_test).
+// X(id, "NAME", type, "default", "doc")
+#define MERIDIAN_KNOBS(X)                                                                          \
+  X(kLog, "MERIDIAN_LOG", String, "warn",                                                          \
+    "Log level (trace, debug, info, warn, error, off), optionally followed by `:` and a comma "     \
+    "list of subsystems (core, transport, routing, collectives, kernels, trainer, monitoring, lab, " \
+    "bench, plugin) to restrict it to.")                                                           \
+  X(kSecret, "MERIDIAN_SECRET", String, "",                                                        \
+    "The job secret every connection proves it holds (HMAC-SHA256 challenge-response).")           \
+  X(kSecretFile, "MERIDIAN_SECRET_FILE", String, "",                                               \
+    "A file holding the job secret, used when MERIDIAN_SECRET is not set.")                        \
+  X(kRank, "MERIDIAN_RANK", Int, "-1",                                                             \
+    "This process's rank; falls back to OpenMPI, Slurm or torchrun variables.")                    \
+  X(kWorldSize, "MERIDIAN_WORLD_SIZE", Int, "-1",                                                  \
+    "Number of ranks; falls back to OpenMPI, Slurm or torchrun variables.")                        \
+  X(kStore, "MERIDIAN_STORE", String, "",                                                          \
+    "host:port of the bootstrap store hosted by rank 0; falls back to MASTER_ADDR/MASTER_PORT.")   \
+  X(kPaths, "MERIDIAN_PATHS", String, "",                                                          \
+    "Comma-separated local IPv4 addresses, one per network path; empty means the address that "    \
+    "reaches the store.")                                                                          \
+  X(kTcpStreams, "MERIDIAN_TCP_STREAMS", Int, "2", "TCP streams per path to each peer (1-16).")   \
+  X(kTcpSockBufBytes, "MERIDIAN_TCP_SOCKBUF_BYTES", Int, "4194304",                                \
+    "Send and receive socket buffer size requested for data streams, in bytes.")                   \
+  X(kChunkBytes, "MERIDIAN_CHUNK_BYTES", Int, "524288",                                            \
+    "Size of the chunks a message is cut into and striped over paths, in bytes.")                  \
+  X(kPathStallMs, "MERIDIAN_PATH_STALL_MS", Int, "3000",                                           \
+    "A path with unacknowledged chunks and no acknowledgement for this long is declared stalled "  \
+    "and its chunks are resent on other paths.")                                                   \
+  X(kMaxUnexpectedBytes, "MERIDIAN_MAX_UNEXPECTED_BYTES", Int, "1073741824",                       \
+    "Bytes a peer may send ahead of matching receives before its channel fails.")                  \
+  X(kTimeoutMs, "MERIDIAN_TIMEOUT_MS", Int, "120000",                                              \
+    "Deadline for bootstrap, connection set-up and blocking collectives, in milliseconds.")        \
+  X(kSmallAllreduceBytes, "MERIDIAN_SMALL_ALLREDUCE_BYTES", Int, "65536",                          \
+    "Allreduce messages up to this size use recursive doubling; larger ones use the ring.")        \
+  X(kRingSegmentBytes, "MERIDIAN_RING_SEGMENT_BYTES", Int, "1048576",                              \
+    "Pipelining segment of the ring algorithms, in bytes.")
+
+namespace meridian {}  // keeps this header a valid translation unit on its own

@@ -1,0 +1,81 @@
+// Knob lookup and the generated README table.
+#include "core/knobs.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <limits>
+
+#include <fmt/format.h>
+
+namespace meridian {
+
+namespace {
+#define MERIDIAN_KNOB_ENTRY(id, name, type, def, doc) knobs::id,
+constexpr KnobInfo kAllKnobs[] = {MERIDIAN_KNOBS(MERIDIAN_KNOB_ENTRY)};
+#undef MERIDIAN_KNOB_ENTRY
+}  // namespace
+
+std::span<const KnobInfo> allKnobs() { return kAllKnobs; }
+
+bool knobIsSet(const KnobInfo& knob) {
+  const char* v = std::getenv(knob.name);
+  return v != nullptr && *v != '\0';
+}
+
+std::string knobString(const KnobInfo& knob) {
+  const char* v = std::getenv(knob.name);
+  if (v != nullptr && *v != '\0') return v;
+  return knob.defaultValue;
+}
+
+std::int64_t parseByteSize(const std::string& text, const std::string& what) {
+  if (text.empty()) throw ConfigError(fmt::format("{}: empty value, expected an integer", what));
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (end == text.c_str() || errno == ERANGE) {
+    throw ConfigError(fmt::format("{}='{}': not an integer", what, text));
+  }
+  std::int64_t mult = 1;
+  if (*end != '\0') {
+    switch (*end) {
+      case 'k': case 'K': mult = 1LL << 10; break;
+      case 'm': case 'M': mult = 1LL << 20; break;
+      case 'g': case 'G': mult = 1LL << 30; break;
+      default: throw ConfigError(fmt::format("{}='{}': not an integer", what, text));
+    }
+    ++end;
+    if (*end == 'i' || *end == 'I') ++end;
+    if (*end == 'b' || *end == 'B') ++end;
+    if (*end != '\0') throw ConfigError(fmt::format("{}='{}': not an integer", what, text));
+  }
+  if (v > std::numeric_limits<std::int64_t>::max() / mult ||
+      v < std::numeric_limits<std::int64_t>::min() / mult) {
+    throw ConfigError(fmt::format("{}='{}': out of range", what, text));
+  }
+  return static_cast<std::int64_t>(v) * mult;
+}
+
+std::int64_t knobInt(const KnobInfo& knob) {
+  return parseByteSize(knobString(knob), knob.name);
+}
+
+std::int64_t knobInt(const KnobInfo& knob, std::int64_t min, std::int64_t max) {
+  std::int64_t v = knobInt(knob);
+  if (v < min || v > max) {
+    throw ConfigError(fmt::format("{}={} is out of range [{}, {}]", knob.name, v, min, max));
+  }
+  return v;
+}
+
+std::string knobMarkdownTable() {
+  std::string out = "| variable | type | default | meaning |\n| --- | --- | --- | --- |\n";
+  for (const KnobInfo& k : allKnobs()) {
+    out += fmt::format("| `{}` | {} | {} | {} |\n", k.name, k.type == KnobType::kInt ? "int" : "string",
+                       *k.defaultValue ? fmt::format("`{}`", k.defaultValue) : std::string("(unset)"),
+                       k.doc);
+  }
+  return out;
+}
+
+}  // namespace meridian

@@ -1,0 +1,56 @@
+// Typed access to the MERIDIAN_* knobs declared in core/knob_list.h. A malformed value
+// is a configuration error (ConfigError naming the variable), never a silent default.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+
+#include "core/knob_list.h"
+
+namespace meridian {
+
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class KnobType { kInt, kString };
+
+struct KnobInfo {
+  const char* name;
+  KnobType type;
+  const char* defaultValue;
+  const char* doc;
+};
+
+namespace knobs {
+#define MERIDIAN_KNOB_TYPE_Int KnobType::kInt
+#define MERIDIAN_KNOB_TYPE_String KnobType::kString
+#define MERIDIAN_DECLARE_KNOB(id, name, type, def, doc) \
+  inline constexpr KnobInfo id{name, MERIDIAN_KNOB_TYPE_##type, def, doc};
+MERIDIAN_KNOBS(MERIDIAN_DECLARE_KNOB)
+#undef MERIDIAN_DECLARE_KNOB
+}  // namespace knobs
+
+// All knobs in declaration order.
+std::span<const KnobInfo> allKnobs();
+
+// The raw value: the environment variable when set and non-empty, else the default.
+std::string knobString(const KnobInfo& knob);
+// Parses an integer knob (accepts k/m/g suffixes in powers of 1024); throws ConfigError
+// with the variable name when it is not an integer.
+std::int64_t knobInt(const KnobInfo& knob);
+// Same, and throws ConfigError unless min <= value <= max.
+std::int64_t knobInt(const KnobInfo& knob, std::int64_t min, std::int64_t max);
+// True when the variable is set in the environment (even to the default).
+bool knobIsSet(const KnobInfo& knob);
+
+// The README table (markdown), generated from the declarations.
+std::string knobMarkdownTable();
+
+// Parses "123", "4k", "16M", "1g" (powers of 1024). Throws ConfigError naming `what`.
+std::int64_t parseByteSize(const std::string& text, const std::string& what);
+
+}  // namespace meridian

@@ -1,0 +1,143 @@
+// The metrics registry.
+#include "core/metrics.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+
+namespace meridian {
+
+void Gauge::add(double d) {
+  std::uint64_t old = bits_.load(std::memory_order_relaxed);
+  while (!bits_.compare_exchange_weak(old, std::bit_cast<std::uint64_t>(std::bit_cast<double>(old) + d),
+                                      std::memory_order_relaxed)) {
+  }
+}
+
+Histogram::Histogram(std::vector<double> upperBounds) : bounds_(std::move(upperBounds)) {
+  MERIDIAN_CHECK_MSG(std::is_sorted(bounds_.begin(), bounds_.end()), "histogram bounds must be sorted");
+  buckets_ = std::make_unique<std::atomic<std::uint64_t>[]>(bounds_.size() + 1);
+  for (size_t i = 0; i <= bounds_.size(); ++i) buckets_[i].store(0, std::memory_order_relaxed);
+}
+
+void Histogram::observe(double v) {
+  size_t i = static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
+  buckets_[i].fetch_add(1, std::memory_order_relaxed);
+  count_.fetch_add(1, std::memory_order_relaxed);
+  sum_.add(v);
+}
+
+std::vector<std::uint64_t> Histogram::bucketCounts() const {
+  std::vector<std::uint64_t> out(bounds_.size() + 1);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = buckets_[i].load(std::memory_order_relaxed);
+  return out;
+}
+
+double Histogram::sum() const { return sum_.value(); }
+
+MetricsRegistry& MetricsRegistry::global() {
+  static MetricsRegistry* registry = new MetricsRegistry();  // never destroyed: used by exit-time threads
+  return *registry;
+}
+
+namespace {
+bool validName(const std::string& n) {
+  if (n.empty()) return false;
+  for (size_t i = 0; i < n.size(); ++i) {
+    char c = n[i];
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == ':' ||
+              (i > 0 && c >= '0' && c <= '9');
+    if (!ok) return false;
+  }
+  return true;
+}
+}  // namespace
+
+MetricsRegistry::Family& MetricsRegistry::family(const std::string& name, const std::string& help,
+                                                 MetricType type, MetricLabels& labels) {
+  MERIDIAN_CHECK_MSG(validName(name), "invalid metric name '{}'", name);
+  for (const auto& [k, v] : labels) MERIDIAN_CHECK_MSG(validName(k), "invalid label name '{}' on {}", k, name);
+  std::sort(labels.begin(), labels.end());
+  auto [it, inserted] = families_.try_emplace(name);
+  if (inserted) {
+    it->second.help = help;
+    it->second.type = type;
+  }
+  MERIDIAN_CHECK_MSG(it->second.type == type, "metric {} registered twice with different types", name);
+  return it->second;
+}
+
+Counter& MetricsRegistry::counter(const std::string& name, const std::string& help, MetricLabels labels) {
+  std::lock_guard lock(mu_);
+  Family& f = family(name, help, MetricType::kCounter, labels);
+  auto& slot = f.counters[labels];
+  if (!slot) slot = std::make_unique<Counter>();
+  return *slot;
+}
+
+Gauge& MetricsRegistry::gauge(const std::string& name, const std::string& help, MetricLabels labels) {
+  std::lock_guard lock(mu_);
+  Family& f = family(name, help, MetricType::kGauge, labels);
+  auto& slot = f.gauges[labels];
+  if (!slot) slot = std::make_unique<Gauge>();
+  return *slot;
+}
+
+Histogram& MetricsRegistry::histogram(const std::string& name, const std::string& help, MetricLabels labels,
+                                      std::vector<double> upperBounds) {
+  std::lock_guard lock(mu_);
+  Family& f = family(name, help, MetricType::kHistogram, labels);
+  auto& slot = f.histograms[labels];
+  if (!slot) {
+    slot = std::make_unique<Histogram>(std::move(upperBounds));
+  } else {
+    MERIDIAN_CHECK_MSG(slot->upperBounds() == upperBounds, "histogram {} re-registered with other buckets", name);
+  }
+  return *slot;
+}
+
+std::vector<MetricFamilySnapshot> MetricsRegistry::snapshot() const {
+  std::lock_guard lock(mu_);
+  std::vector<MetricFamilySnapshot> out;
+  out.reserve(families_.size());
+  for (const auto& [name, f] : families_) {
+    MetricFamilySnapshot s;
+    s.name = name;
+    s.help = f.help;
+    s.type = f.type;
+    for (const auto& [labels, c] : f.counters) {
+      MetricSample m;
+      m.labels = labels;
+      m.value = static_cast<double>(c->value());
+      s.samples.push_back(std::move(m));
+    }
+    for (const auto& [labels, g] : f.gauges) {
+      MetricSample m;
+      m.labels = labels;
+      m.value = g->value();
+      s.samples.push_back(std::move(m));
+    }
+    for (const auto& [labels, h] : f.histograms) {
+      MetricSample m;
+      m.labels = labels;
+      m.upperBounds = h->upperBounds();
+      m.buckets = h->bucketCounts();
+      m.count = h->count();
+      m.sum = h->sum();
+      s.samples.push_back(std::move(m));
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::vector<double> exponentialBuckets(double start, double factor, int count) {
+  MERIDIAN_CHECK_GT(start, 0.0);
+  MERIDIAN_CHECK_GT(factor, 1.0);
+  std::vector<double> out;
+  double v = start;
+  for (int i = 0; i < count; ++i, v *= factor) out.push_back(v);
+  return out;
+}
+
+}  // namespace meridian

@@ -1,0 +1,61 @@
+// Job secret loading and HMAC via OpenSSL.
+#include "core/secret.h"
+
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include "core/knobs.h"
+#include "core/log.h"
+
+namespace meridian {
+
+std::string loadJobSecret() {
+  if (knobIsSet(knobs::kSecret)) return knobString(knobs::kSecret);
+  if (knobIsSet(knobs::kSecretFile)) {
+    std::string path = knobString(knobs::kSecretFile);
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw ConfigError("MERIDIAN_SECRET_FILE: cannot read '" + path + "'");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string s = ss.str();
+    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+    if (s.empty()) throw ConfigError("MERIDIAN_SECRET_FILE: '" + path + "' is empty");
+    return s;
+  }
+  static std::once_flag warned;
+  std::call_once(warned, [] {
+    MLOG_WARN(kCore,
+              "NO JOB SECRET SET: MERIDIAN_SECRET and MERIDIAN_SECRET_FILE are empty, so connections "
+              "are authenticated with a well-known development secret. Anyone who can reach this "
+              "job's ports can join it. Set MERIDIAN_SECRET for any real run.");
+  });
+  return "meridian-insecure-development-secret";
+}
+
+Hmac256 hmacSha256(std::span<const std::uint8_t> key, std::span<const std::uint8_t> data) {
+  Hmac256 out{};
+  unsigned int len = 0;
+  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), data.data(), data.size(), out.data(),
+           &len) == nullptr ||
+      len != out.size()) {
+    throw std::runtime_error("HMAC-SHA256 failed in OpenSSL");
+  }
+  return out;
+}
+
+bool equalDigests(const Hmac256& a, const Hmac256& b) { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
+
+void randomBytes(std::span<std::uint8_t> out) {
+  if (RAND_bytes(out.data(), static_cast<int>(out.size())) != 1) {
+    throw std::runtime_error("RAND_bytes failed in OpenSSL");
+  }
+}
+
+}  // namespace meridian

@@ -1,0 +1,90 @@
+// The metrics registry: identity by name and labels, types, histograms, concurrency.
+#include <gtest/gtest.h>
+
+#include <thread>
+#include <vector>
+
+#include "core/check.h"
+#include "core/metrics.h"
+
+namespace meridian {
+namespace {
+
+TEST(MetricsTest, SameNameAndLabelsIsTheSameMetric) {
+  MetricsRegistry r;
+  Counter& a = r.counter("meridian_test_things_total", "things", {{"peer", "1"}, {"path", "0"}});
+  Counter& b = r.counter("meridian_test_things_total", "things", {{"path", "0"}, {"peer", "1"}});
+  Counter& c = r.counter("meridian_test_things_total", "things", {{"path", "1"}, {"peer", "1"}});
+  EXPECT_EQ(&a, &b);
+  EXPECT_NE(&a, &c);
+  a.add(3);
+  b.add();
+  EXPECT_EQ(a.value(), 4u);
+}
+
+TEST(MetricsTest, TypeClashAndBadNamesThrow) {
+  MetricsRegistry r;
+  r.counter("meridian_test_x", "x");
+  EXPECT_THROW(r.gauge("meridian_test_x", "x"), CheckError);
+  EXPECT_THROW(r.counter("9starts_with_digit", "x"), CheckError);
+  EXPECT_THROW(r.counter("meridian_ok", "x", {{"bad-label", "v"}}), CheckError);
+}
+
+TEST(MetricsTest, GaugeSetsAndAdds) {
+  MetricsRegistry r;
+  Gauge& g = r.gauge("meridian_test_rate_bytes_per_second", "rate");
+  g.set(2.5);
+  g.add(-1.0);
+  EXPECT_DOUBLE_EQ(g.value(), 1.5);
+}
+
+TEST(MetricsTest, HistogramCountsIntoBuckets) {
+  MetricsRegistry r;
+  Histogram& h = r.histogram("meridian_test_latency_seconds", "lat", {}, {0.001, 0.01, 0.1});
+  for (double v : {0.0005, 0.001, 0.005, 0.05, 1.0}) h.observe(v);
+  auto b = h.bucketCounts();
+  ASSERT_EQ(b.size(), 4u);
+  EXPECT_EQ(b[0], 2u);  // <= 0.001 (upper bounds are inclusive)
+  EXPECT_EQ(b[1], 1u);
+  EXPECT_EQ(b[2], 1u);
+  EXPECT_EQ(b[3], 1u);  // +Inf
+  EXPECT_EQ(h.count(), 5u);
+  EXPECT_NEAR(h.sum(), 1.0565, 1e-12);
+  EXPECT_THROW(r.histogram("meridian_test_latency_seconds", "lat", {}, {1.0}), CheckError);
+}
+
+TEST(MetricsTest, ConcurrentRecordingLosesNothing) {
+  MetricsRegistry r;
+  Counter& c = r.counter("meridian_test_concurrent_total", "c");
+  Histogram& h = r.histogram("meridian_test_concurrent_seconds", "h", {}, exponentialBuckets(1e-6, 10, 6));
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t) {
+    ts.emplace_back([&] {
+      for (int i = 0; i < 100000; ++i) {
+        c.add();
+        h.observe(1e-5);
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(c.value(), 400000u);
+  EXPECT_EQ(h.count(), 400000u);
+  EXPECT_NEAR(h.sum(), 4.0, 1e-6);
+}
+
+TEST(MetricsTest, SnapshotListsFamiliesWithSamples) {
+  MetricsRegistry r;
+  r.counter("meridian_test_a_total", "a", {{"k", "v"}}).add(2);
+  r.gauge("meridian_test_b", "b").set(7);
+  auto snap = r.snapshot();
+  ASSERT_EQ(snap.size(), 2u);
+  EXPECT_EQ(snap[0].name, "meridian_test_a_total");
+  EXPECT_EQ(snap[0].type, MetricType::kCounter);
+  ASSERT_EQ(snap[0].samples.size(), 1u);
+  EXPECT_EQ(snap[0].samples[0].value, 2.0);
+  EXPECT_EQ(snap[0].samples[0].labels[0].second, "v");
+  EXPECT_EQ(snap[1].samples[0].value, 7.0);
+}
+
+}  // namespace
+}  // namespace meridian

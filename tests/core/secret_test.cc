@@ -1,0 +1,60 @@
+// Job secret loading and HMAC-SHA256 (checked against RFC 4231 test case 2).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+#include "core/knobs.h"
+#include "core/secret.h"
+
+namespace meridian {
+namespace {
+
+class SecretTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    saved_ = std::getenv("MERIDIAN_SECRET") ? std::getenv("MERIDIAN_SECRET") : "";
+    ::unsetenv("MERIDIAN_SECRET");
+    ::unsetenv("MERIDIAN_SECRET_FILE");
+  }
+  void TearDown() override {
+    ::unsetenv("MERIDIAN_SECRET_FILE");
+    if (!saved_.empty()) ::setenv("MERIDIAN_SECRET", saved_.c_str(), 1);
+  }
+  std::string saved_;
+};
+
+TEST_F(SecretTest, HmacMatchesRfc4231) {
+  std::string key = "Jefe", data = "what do ya want for nothing?";
+  auto mac = hmacSha256({reinterpret_cast<const std::uint8_t*>(key.data()), key.size()},
+                        {reinterpret_cast<const std::uint8_t*>(data.data()), data.size()});
+  const std::uint8_t expected[32] = {0x5b, 0xdc, 0xc1, 0x46, 0xbf, 0x60, 0x75, 0x4e, 0x6a, 0x04, 0x24,
+                                     0x26, 0x08, 0x95, 0x75, 0xc7, 0x5a, 0x00, 0x3f, 0x08, 0x9d, 0x27,
+                                     0x39, 0x83, 0x9d, 0xec, 0x58, 0xb9, 0x64, 0xec, 0x38, 0x43};
+  EXPECT_EQ(0, std::memcmp(mac.data(), expected, 32));
+}
+
+TEST_F(SecretTest, EnvironmentThenFileThenDevelopmentDefault) {
+  ::setenv("MERIDIAN_SECRET", "from-env", 1);
+  EXPECT_EQ(loadJobSecret(), "from-env");
+  ::unsetenv("MERIDIAN_SECRET");
+  std::string path = ::testing::TempDir() + "/meridian-secret";
+  std::ofstream(path) << "from-file\n";
+  ::setenv("MERIDIAN_SECRET_FILE", path.c_str(), 1);
+  EXPECT_EQ(loadJobSecret(), "from-file");
+  ::unsetenv("MERIDIAN_SECRET_FILE");
+  EXPECT_FALSE(loadJobSecret().empty());
+}
+
+TEST_F(SecretTest, MissingOrEmptySecretFileIsAConfigError) {
+  ::setenv("MERIDIAN_SECRET_FILE", "/nonexistent/secret", 1);
+  EXPECT_THROW(loadJobSecret(), ConfigError);
+  std::string path = ::testing::TempDir() + "/meridian-empty-secret";
+  std::ofstream(path) << "\n";
+  ::setenv("MERIDIAN_SECRET_FILE", path.c_str(), 1);
+  EXPECT_THROW(loadJobSecret(), ConfigError);
+}
+
+}  // namespace
+}  // namespace meridian

@@ -1,0 +1,53 @@
+// Channel: reliable, tagged messages to one peer over one or more network paths
+// (multipath). Sends and receives with the same tag match in posting order (FIFO per
+// peer and tag); a receive buffer may be larger than the message, never smaller.
+//
+// Thread safety: isend/irecv/close may be called from any thread; buffers must stay
+// valid and untouched until the request is done. Errors that happen on the progress
+// thread (a path failing, the peer going away) surface on the requests and on the next
+// isend/irecv.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "transport/request.h"
+
+namespace meridian::transport {
+
+// Per-path figures a channel exposes (bytes and chunks moved, measured rate).
+struct PathStats {
+  std::string localAddress;
+  std::string remoteAddress;
+  bool alive = false;
+  bool stalled = false;
+  std::uint64_t bytesSent = 0;
+  std::uint64_t chunksSent = 0;
+  std::uint64_t chunksResent = 0;
+  std::uint64_t bytesReceived = 0;
+  double rateBytesPerSec = 0;
+};
+
+class Channel {
+ public:
+  virtual ~Channel() = default;
+
+  // Starts sending `bytes` bytes from `data` with `tag`.
+  virtual Result<RequestPtr> isend(const void* data, std::size_t bytes, std::uint64_t tag) = 0;
+  // Starts receiving the next message with `tag` into `data` (capacity `capacityBytes`).
+  // A message larger than the capacity fails the request with kInvalidArgument.
+  virtual Result<RequestPtr> irecv(void* data, std::size_t capacityBytes, std::uint64_t tag) = 0;
+
+  virtual int peerRank() const = 0;
+  virtual std::vector<PathStats> pathStats() const = 0;
+  // The channel's sticky error (ok while usable).
+  virtual Status health() const = 0;
+};
+
+using ChannelPtr = std::shared_ptr<Channel>;
+
+}  // namespace meridian::transport

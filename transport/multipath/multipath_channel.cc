@@ -1,0 +1,558 @@
+// The multipath channel protocol: chunking, scheduling, placement, acks and failover.
+#include "transport/multipath/multipath_channel.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/clock.h"
+#include "core/log.h"
+
+namespace meridian::transport {
+
+enum class ChunkState : std::uint8_t { kPending, kAssigned, kAcked };
+
+struct OutMessage {
+  std::uint64_t seq = 0;
+  std::uint64_t tag = 0;
+  std::uint64_t prevSameTag = kNoPrevSeq;
+  const std::uint8_t* data = nullptr;
+  std::uint64_t totalBytes = 0;
+  std::uint32_t chunkBytes = 0;
+  std::vector<ChunkState> state;
+  std::vector<std::uint8_t> assignedPath;
+  std::uint32_t firstPending = 0;  // no pending chunk below this index
+  std::uint32_t acked = 0;
+  bool finished = false;
+  RequestPtr req;
+
+  std::uint32_t chunkCount() const { return static_cast<std::uint32_t>(state.size()); }
+  std::uint64_t chunkOffset(std::uint32_t i) const { return static_cast<std::uint64_t>(i) * chunkBytes; }
+  std::uint32_t chunkLength(std::uint32_t i) const {
+    return static_cast<std::uint32_t>(std::min<std::uint64_t>(chunkBytes, totalBytes - chunkOffset(i)));
+  }
+};
+
+enum class InState : std::uint8_t { kUnmatched, kUnexpected, kBound, kDiscard };
+
+struct InMessage {
+  std::uint64_t seq = 0;
+  std::uint64_t tag = 0;
+  std::uint64_t prevSameTag = kNoPrevSeq;
+  std::uint64_t totalBytes = 0;
+  InState state = InState::kUnmatched;
+  std::uint8_t* dest = nullptr;          // where payload bytes go now
+  std::vector<std::uint8_t> buffer;      // holds data until a receive is posted
+  RequestPtr req;
+  std::uint64_t doneBytes = 0;
+  std::uint32_t doneChunks = 0;
+  std::unordered_set<std::uint64_t> doneOffsets;
+  bool complete = false;
+  bool finished = false;  // handed to its request (or dropped); no longer in incoming_
+};
+
+struct MultipathChannel::PathState {
+  PathEndpoints endpoints;
+  std::atomic<bool> alive{true};
+  std::atomic<bool> stalled{false};
+  std::uint64_t unackedBytes = 0;
+  std::deque<OutChunk> queue;
+  RateEstimator rate;
+  std::int64_t lastProgressUs = 0;  // last ack, or when the path became busy
+  std::atomic<double> rateBytesPerSec{0};
+  Counter* bytesSent;
+  Counter* chunksSent;
+  Counter* chunksResent;
+  Counter* bytesReceived;
+  Counter* failures;
+  Gauge* up;
+};
+
+namespace {
+const std::uint8_t kZeros[64 * 1024] = {};
+constexpr std::size_t kMaxTagMemo = 4096;
+}  // namespace
+
+MultipathChannel::MultipathChannel(int peerRank, std::vector<PathEndpoints> paths, MultipathConfig config,
+                                   std::function<void()> wakeProgress)
+    : peerRank_(peerRank), config_(std::move(config)), wake_(std::move(wakeProgress)) {
+  auto& reg = MetricsRegistry::global();
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    auto p = std::make_unique<PathState>();
+    p->endpoints = paths[i];
+    MetricLabels labels{{"device", config_.deviceName}, {"peer", std::to_string(peerRank)}, {"path", std::to_string(i)}};
+    p->bytesSent = &reg.counter("meridian_transport_path_sent_bytes_total", "Payload bytes written to a path", labels);
+    p->chunksSent = &reg.counter("meridian_transport_path_sent_chunks_total", "Chunks written to a path", labels);
+    p->chunksResent = &reg.counter("meridian_transport_path_resent_chunks_total",
+                                   "Chunks sent again because their path failed or stalled", labels);
+    p->bytesReceived =
+        &reg.counter("meridian_transport_path_received_bytes_total", "Payload bytes received on a path", labels);
+    p->failures = &reg.counter("meridian_transport_path_failures_total", "Times a path failed", labels);
+    p->up = &reg.gauge("meridian_transport_path_up", "1 while a path is alive and not stalled", labels);
+    p->up->set(1);
+    paths_.push_back(std::move(p));
+  }
+}
+
+MultipathChannel::~MultipathChannel() = default;
+
+bool MultipathChannel::pathAlive(std::size_t path) const {
+  return paths_[path]->alive.load(std::memory_order_relaxed);
+}
+
+// ---------------------------------------------------------------- posting (any thread)
+
+Result<RequestPtr> MultipathChannel::isend(const void* data, std::size_t bytes, std::uint64_t tag) {
+  if (data == nullptr && bytes > 0) return invalidArgument("isend: null buffer with {} bytes", bytes);
+  if (bytes > kMaxMessageBytes) return invalidArgument("isend: {} bytes exceeds the {}-byte limit", bytes, kMaxMessageBytes);
+  auto msg = std::make_shared<OutMessage>();
+  msg->tag = tag;
+  msg->data = static_cast<const std::uint8_t*>(data);
+  msg->totalBytes = bytes;
+  msg->chunkBytes = config_.chunkBytes;
+  std::uint64_t chunks = bytes == 0 ? 1 : (bytes + config_.chunkBytes - 1) / config_.chunkBytes;
+  msg->state.assign(chunks, ChunkState::kPending);
+  msg->assignedPath.assign(chunks, 0);
+  msg->req = std::make_shared<Request>();
+  {
+    std::lock_guard lock(postMu_);
+    if (failed_.load(std::memory_order_relaxed)) return error_;
+    msg->seq = nextSendSeq_++;
+    auto [it, inserted] = lastSentSeqByTag_.try_emplace(tag, msg->seq);
+    if (!inserted) {
+      msg->prevSameTag = it->second;
+      it->second = msg->seq;
+    }
+    if (lastSentSeqByTag_.size() > kMaxTagMemo) {
+      // Forget old tags; their next message is then matched by global order instead.
+      lastSentSeqByTag_.clear();
+      lastSentSeqByTag_[tag] = msg->seq;
+    }
+    postedSends_.push_back(msg);
+  }
+  wake_();
+  return msg->req;
+}
+
+Result<RequestPtr> MultipathChannel::irecv(void* data, std::size_t capacityBytes, std::uint64_t tag) {
+  if (data == nullptr && capacityBytes > 0) return invalidArgument("irecv: null buffer with {} bytes", capacityBytes);
+  auto req = std::make_shared<Request>();
+  {
+    std::lock_guard lock(postMu_);
+    if (failed_.load(std::memory_order_relaxed)) return error_;
+    postedRecvs_.push_back({static_cast<std::uint8_t*>(data), capacityBytes, tag, req});
+  }
+  wake_();
+  return req;
+}
+
+std::vector<PathStats> MultipathChannel::pathStats() const {
+  std::vector<PathStats> out;
+  for (const auto& p : paths_) {
+    PathStats s;
+    s.localAddress = p->endpoints.localAddress;
+    s.remoteAddress = p->endpoints.remoteAddress;
+    s.alive = p->alive.load(std::memory_order_relaxed);
+    s.stalled = p->stalled.load(std::memory_order_relaxed);
+    s.bytesSent = p->bytesSent->value();
+    s.chunksSent = p->chunksSent->value();
+    s.chunksResent = p->chunksResent->value();
+    s.bytesReceived = p->bytesReceived->value();
+    s.rateBytesPerSec = p->rateBytesPerSec.load(std::memory_order_relaxed);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+Status MultipathChannel::health() const {
+  std::lock_guard lock(postMu_);
+  return error_;
+}
+
+// ---------------------------------------------------------------- sending (progress thread)
+
+void MultipathChannel::drainPosted() {
+  std::vector<std::shared_ptr<OutMessage>> sends;
+  std::vector<PostedRecv> recvs;
+  {
+    std::lock_guard lock(postMu_);
+    sends.swap(postedSends_);
+    recvs.swap(postedRecvs_);
+  }
+  for (auto& m : sends) {
+    sendingBySeq_[m->seq] = m;
+    sending_.push_back(std::move(m));
+  }
+  for (auto& r : recvs) {
+    auto uq = unexpectedByTag_.find(r.tag);
+    if (uq != unexpectedByTag_.end() && !uq->second.empty()) {
+      std::shared_ptr<InMessage> msg = std::move(uq->second.front());
+      uq->second.pop_front();
+      if (uq->second.empty()) unexpectedByTag_.erase(uq);
+      Status st = bind(*msg, std::move(r));
+      if (!st.isOk()) {
+        fail(st);
+        return;
+      }
+      if (msg->complete) finishIn(msg);
+    } else {
+      recvsByTag_[r.tag].push_back(std::move(r));
+    }
+  }
+}
+
+void MultipathChannel::schedule(std::int64_t nowUs) {
+  std::vector<PathLoad> loads(paths_.size());
+  for (std::size_t i = 0; i < paths_.size(); ++i) {
+    const PathState& p = *paths_[i];
+    loads[i] = PathLoad{p.alive.load(std::memory_order_relaxed) && !p.stalled.load(std::memory_order_relaxed),
+                        p.unackedBytes, config_.pathWindowBytes, p.rate.bytesPerSec(), 0.0, 1.0};
+  }
+  for (auto& msg : sending_) {
+    for (std::uint32_t i = msg->firstPending; i < msg->chunkCount(); ++i) {
+      if (msg->state[i] != ChunkState::kPending) {
+        if (i == msg->firstPending) ++msg->firstPending;
+        continue;
+      }
+      std::uint32_t len = msg->chunkLength(i);
+      auto choice = pickPath(loads, std::max<std::uint32_t>(len, 1));
+      if (!choice || !choice->hasRoom) return;  // nothing usable, or wait for the best path to drain
+      PathState& p = *paths_[choice->path];
+      if (p.unackedBytes == 0) {
+        p.rate.onBusy(nowUs);
+        p.lastProgressUs = nowUs;
+      }
+      p.unackedBytes += len;
+      loads[choice->path].queuedBytes = p.unackedBytes;
+      msg->state[i] = ChunkState::kAssigned;
+      msg->assignedPath[i] = static_cast<std::uint8_t>(choice->path);
+      p.queue.push_back({msg, i});
+      if (i == msg->firstPending) ++msg->firstPending;
+    }
+  }
+}
+
+bool MultipathChannel::nextChunk(std::size_t path, OutChunk* out) {
+  auto& q = paths_[path]->queue;
+  while (!q.empty()) {
+    OutChunk c = std::move(q.front());
+    q.pop_front();
+    if (c.msg->finished || c.msg->state[c.index] != ChunkState::kAssigned || c.msg->assignedPath[c.index] != path) {
+      continue;  // acknowledged meanwhile, or moved to another path
+    }
+    *out = std::move(c);
+    return true;
+  }
+  return false;
+}
+
+FrameHeader MultipathChannel::chunkHeader(const OutChunk& c) const {
+  FrameHeader h;
+  h.type = FrameType::kData;
+  h.tag = c.msg->tag;
+  h.seq = c.msg->seq;
+  h.prevSameTag = c.msg->prevSameTag;
+  h.offset = c.msg->chunkOffset(c.index);
+  h.totalBytes = c.msg->totalBytes;
+  h.length = c.msg->chunkLength(c.index);
+  return h;
+}
+
+const std::uint8_t* MultipathChannel::chunkPayload(const OutChunk& c, std::uint64_t progress, std::size_t* bytes) const {
+  std::uint64_t remaining = c.msg->chunkLength(c.index) - progress;
+  if (c.msg->finished) {
+    // The sender's buffer is the caller's again: finish the frame with zeros.
+    *bytes = static_cast<std::size_t>(std::min<std::uint64_t>(remaining, sizeof(kZeros)));
+    return kZeros;
+  }
+  *bytes = static_cast<std::size_t>(remaining);
+  return c.msg->data + c.msg->chunkOffset(c.index) + progress;
+}
+
+void MultipathChannel::onChunkWritten(std::size_t path, const OutChunk& c) {
+  PathState& p = *paths_[path];
+  p.bytesSent->add(c.msg->chunkLength(c.index));
+  p.chunksSent->add();
+}
+
+Status MultipathChannel::onAck(const FrameHeader& h, std::size_t path, std::int64_t nowUs) {
+  auto it = sendingBySeq_.find(h.seq);
+  if (it == sendingBySeq_.end()) return Status::ok();  // a duplicate ack of a finished message
+  OutMessage& msg = *it->second;
+  if (h.offset % msg.chunkBytes != 0 || h.offset / msg.chunkBytes >= msg.chunkCount() ||
+      h.totalBytes != msg.totalBytes || h.length != msg.chunkLength(static_cast<std::uint32_t>(h.offset / msg.chunkBytes))) {
+    return peerError("ack for message {} names chunk [{}, +{}) that was never sent", h.seq, h.offset, h.length);
+  }
+  auto i = static_cast<std::uint32_t>(h.offset / msg.chunkBytes);
+  if (msg.state[i] == ChunkState::kAcked) return Status::ok();
+  if (msg.state[i] == ChunkState::kAssigned) {
+    PathState& p = *paths_[msg.assignedPath[i]];
+    p.unackedBytes -= msg.chunkLength(i);
+    p.rate.onAcked(msg.chunkLength(i), nowUs, p.unackedBytes > 0);
+    p.rateBytesPerSec.store(p.rate.bytesPerSec(), std::memory_order_relaxed);
+    p.lastProgressUs = nowUs;
+  }
+  PathState& via = *paths_[path];
+  via.lastProgressUs = nowUs;
+  if (via.stalled.exchange(false, std::memory_order_relaxed)) {
+    MLOG_INFO(kTransport, "path {} to rank {} recovered from a stall", path, peerRank_);
+    via.up->set(1);
+  }
+  msg.state[i] = ChunkState::kAcked;
+  if (++msg.acked == msg.chunkCount()) {
+    msg.finished = true;
+    msg.req->complete(Status::ok(), msg.totalBytes);
+    sendingBySeq_.erase(it);
+    while (!sending_.empty() && sending_.front()->finished) sending_.pop_front();
+  }
+  return Status::ok();
+}
+
+void MultipathChannel::requeueChunksOf(std::size_t path) {
+  PathState& p = *paths_[path];
+  for (auto& msg : sending_) {
+    if (msg->finished) continue;
+    for (std::uint32_t i = 0; i < msg->chunkCount(); ++i) {
+      if (msg->state[i] == ChunkState::kAssigned && msg->assignedPath[i] == path) {
+        msg->state[i] = ChunkState::kPending;
+        msg->firstPending = std::min(msg->firstPending, i);
+        p.chunksResent->add();
+      }
+    }
+  }
+  p.queue.clear();
+  p.unackedBytes = 0;
+}
+
+void MultipathChannel::onPathFailed(std::size_t path, const Status& why, bool graceful) {
+  PathState& p = *paths_[path];
+  if (!p.alive.exchange(false, std::memory_order_relaxed)) return;
+  p.up->set(0);
+  if (!graceful) {
+    p.failures->add();
+    MLOG_WARN(kTransport, "path {} ({} -> {}) to rank {} failed: {}; its chunks move to the other paths", path,
+              p.endpoints.localAddress, p.endpoints.remoteAddress, peerRank_, why.toString());
+  }
+  requeueChunksOf(path);
+  bool anyAlive = std::any_of(paths_.begin(), paths_.end(), [](const auto& q) { return q->alive.load(); });
+  if (!anyAlive) {
+    bool idle = sending_.empty() && incoming_.empty() && recvsByTag_.empty();
+    Status st = peerError("every path to rank {} is gone (last: {})", peerRank_, why.message());
+    if (!graceful || !idle) MLOG_ERROR(kTransport, "{}", st.message());
+    fail(st);
+  }
+}
+
+void MultipathChannel::checkStalls(std::int64_t nowUs) {
+  for (std::size_t i = 0; i < paths_.size(); ++i) {
+    PathState& p = *paths_[i];
+    if (!p.alive.load(std::memory_order_relaxed) || p.stalled.load(std::memory_order_relaxed)) continue;
+    if (p.unackedBytes > 0 && nowUs - p.lastProgressUs > config_.pathStallUs) {
+      std::size_t others = 0;
+      for (std::size_t j = 0; j < paths_.size(); ++j) {
+        if (j != i && paths_[j]->alive.load() && !paths_[j]->stalled.load()) ++others;
+      }
+      if (others == 0) continue;  // nowhere better to go: keep waiting on this one
+      p.stalled.store(true, std::memory_order_relaxed);
+      p.up->set(0);
+      MLOG_WARN(kTransport, "path {} to rank {} stalled ({} bytes unacknowledged for {} ms); resending elsewhere", i,
+                peerRank_, p.unackedBytes, (nowUs - p.lastProgressUs) / 1000);
+      requeueChunksOf(i);
+    }
+  }
+}
+
+void MultipathChannel::fail(const Status& why) {
+  {
+    std::lock_guard lock(postMu_);
+    if (failed_.load(std::memory_order_relaxed)) return;
+    error_ = why;
+    failed_.store(true, std::memory_order_release);
+  }
+  drainPosted();  // the failed_ flag stops new posts; fail what was already posted too
+  for (auto& m : sending_) {
+    if (!m->finished) {
+      m->finished = true;
+      m->req->complete(why, 0);
+    }
+  }
+  sending_.clear();
+  sendingBySeq_.clear();
+  for (auto& [tag, q] : recvsByTag_) {
+    for (auto& r : q) r.req->complete(why, 0);
+  }
+  recvsByTag_.clear();
+  for (auto& [seq, m] : incoming_) {
+    if (m->req && !m->finished) m->req->complete(why, 0);
+    m->finished = true;
+  }
+  incoming_.clear();
+  unexpectedByTag_.clear();
+  for (auto& p : paths_) p->queue.clear();
+}
+
+// ---------------------------------------------------------------- receiving (progress thread)
+
+bool MultipathChannel::isFinishedSeq(std::uint64_t seq) const {
+  if (incoming_.count(seq) != 0) return false;
+  return seq < nextMatchSeq_ || matchedAhead_.count(seq) != 0;
+}
+
+Status MultipathChannel::allocateBuffer(InMessage& msg) {
+  if (!msg.buffer.empty() || msg.totalBytes == 0) return Status::ok();
+  if (bufferedBytes_ + msg.totalBytes > config_.maxUnexpectedBytes) {
+    return peerError("rank {} sent {} bytes ahead of matching receives, over MERIDIAN_MAX_UNEXPECTED_BYTES={}",
+                     peerRank_, bufferedBytes_ + msg.totalBytes, config_.maxUnexpectedBytes);
+  }
+  msg.buffer.resize(msg.totalBytes);
+  bufferedBytes_ += msg.totalBytes;
+  msg.dest = msg.buffer.data();
+  return Status::ok();
+}
+
+void MultipathChannel::releaseBuffer(InMessage& msg) {
+  bufferedBytes_ -= msg.buffer.size();
+  std::vector<std::uint8_t>().swap(msg.buffer);
+}
+
+Result<RecvTarget> MultipathChannel::onDataHeader(const FrameHeader& h, std::size_t path) {
+  paths_[path]->bytesReceived->add(h.length);
+  if (isFinishedSeq(h.seq)) return RecvTarget{nullptr, h};
+  auto it = incoming_.find(h.seq);
+  if (it == incoming_.end()) {
+    auto msg = std::make_shared<InMessage>();
+    msg->seq = h.seq;
+    msg->tag = h.tag;
+    msg->prevSameTag = h.prevSameTag;
+    msg->totalBytes = h.totalBytes;
+    it = incoming_.emplace(h.seq, msg).first;
+    bool inOrder = h.seq == nextMatchSeq_;
+    if (!inOrder && h.prevSameTag != kNoPrevSeq) {
+      auto last = lastMatchedByTag_.find(h.tag);
+      inOrder = last != lastMatchedByTag_.end() && last->second == h.prevSameTag;
+    }
+    if (inOrder) {
+      matchReady(msg);
+      if (failed()) return error_;
+    } else {
+      MERIDIAN_RETURN_IF_ERROR(allocateBuffer(*msg));  // wait for earlier messages to be matched
+    }
+  } else if (it->second->tag != h.tag || it->second->totalBytes != h.totalBytes) {
+    return peerError("chunk of message {} disagrees with its earlier chunks (tag {} vs {}, size {} vs {})", h.seq,
+                     h.tag, it->second->tag, h.totalBytes, it->second->totalBytes);
+  }
+  return RecvTarget{it->second, h};
+}
+
+void MultipathChannel::matchReady(std::shared_ptr<InMessage> msg) {
+  // `msg` is next in its tag's order: give it the oldest receive posted for the tag.
+  std::vector<std::shared_ptr<InMessage>> work{std::move(msg)};
+  while (!work.empty() && !failed()) {
+    std::shared_ptr<InMessage> m = std::move(work.back());
+    work.pop_back();
+    auto rq = recvsByTag_.find(m->tag);
+    Status st;
+    if (rq != recvsByTag_.end() && !rq->second.empty()) {
+      PostedRecv r = std::move(rq->second.front());
+      rq->second.pop_front();
+      if (rq->second.empty()) recvsByTag_.erase(rq);
+      st = bind(*m, std::move(r));
+    } else {
+      m->state = InState::kUnexpected;
+      st = allocateBuffer(*m);
+      unexpectedByTag_[m->tag].push_back(m);
+    }
+    if (!st.isOk()) {
+      fail(st);
+      return;
+    }
+    if (lastMatchedByTag_.size() >= kMaxTagMemo) lastMatchedByTag_.clear();
+    lastMatchedByTag_[m->tag] = m->seq;
+    markMatched(m->seq);
+    if (m->complete) finishIn(m);
+    // Messages that waited for this one: the next in global order, and any whose
+    // previous same-tag message this was.
+    for (auto& [seq, other] : incoming_) {
+      if (other->state != InState::kUnmatched || other.get() == m.get()) continue;
+      bool ready = seq == nextMatchSeq_ || (other->prevSameTag == m->seq && other->tag == m->tag);
+      if (ready && std::none_of(work.begin(), work.end(), [&](auto& w) { return w.get() == other.get(); })) {
+        work.push_back(other);
+      }
+    }
+  }
+}
+
+void MultipathChannel::markMatched(std::uint64_t seq) {
+  if (seq == nextMatchSeq_) {
+    ++nextMatchSeq_;
+    while (!matchedAhead_.empty() && *matchedAhead_.begin() == nextMatchSeq_) {
+      matchedAhead_.erase(matchedAhead_.begin());
+      ++nextMatchSeq_;
+    }
+  } else {
+    matchedAhead_.insert(seq);
+  }
+}
+
+Status MultipathChannel::bind(InMessage& msg, PostedRecv recv) {
+  if (msg.totalBytes > recv.capacity) {
+    recv.req->complete(invalidArgument("a {}-byte message from rank {} (tag {}) does not fit the {}-byte receive buffer",
+                                       msg.totalBytes, peerRank_, msg.tag, recv.capacity),
+                       0);
+    msg.state = InState::kDiscard;
+    releaseBuffer(msg);
+    msg.dest = nullptr;
+    return Status::ok();
+  }
+  if (!msg.buffer.empty()) {
+    std::memcpy(recv.data, msg.buffer.data(), msg.totalBytes);
+    releaseBuffer(msg);
+  }
+  msg.dest = recv.data;
+  msg.req = std::move(recv.req);
+  msg.state = InState::kBound;
+  return Status::ok();
+}
+
+void MultipathChannel::finishIn(const std::shared_ptr<InMessage>& msg) {
+  if (msg->finished) return;
+  if (msg->state == InState::kBound) {
+    msg->finished = true;
+    msg->req->complete(Status::ok(), msg->totalBytes);
+  } else if (msg->state == InState::kDiscard) {
+    msg->finished = true;
+  }
+  // Unexpected messages stay queued (complete) until a receive is posted for them.
+  if (msg->state != InState::kUnmatched) incoming_.erase(msg->seq);
+}
+
+std::uint8_t* MultipathChannel::targetPointer(const RecvTarget& t, std::uint64_t progress) const {
+  if (!t.msg) return nullptr;
+  const InMessage& m = *t.msg;
+  if (m.finished || m.dest == nullptr || m.state == InState::kDiscard || m.doneOffsets.count(t.header.offset) != 0) {
+    return nullptr;
+  }
+  return m.dest + t.header.offset + progress;
+}
+
+Result<FrameHeader> MultipathChannel::onDataComplete(const RecvTarget& t, std::size_t path) {
+  (void)path;
+  FrameHeader ack = t.header;
+  ack.type = FrameType::kAck;
+  ack.prevSameTag = kNoPrevSeq;
+  if (t.msg && !t.msg->finished && t.msg->doneOffsets.insert(t.header.offset).second) {
+    InMessage& m = *t.msg;
+    if (t.header.length > m.totalBytes - m.doneBytes) {
+      return peerError("message {} from rank {}: overlapping chunks add up to more than its {} bytes", m.seq,
+                       peerRank_, m.totalBytes);
+    }
+    m.doneBytes += t.header.length;
+    ++m.doneChunks;
+    if (m.doneBytes == m.totalBytes) {
+      m.complete = true;
+      if (m.state != InState::kUnmatched) finishIn(t.msg);
+    }
+  }
+  return ack;
+}
+
+}  // namespace meridian::transport

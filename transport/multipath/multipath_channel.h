@@ -1,0 +1,152 @@
+// MultipathChannel: the backend-independent protocol of a channel to one peer. It cuts
+// each message into chunks, schedules every chunk on the path expected to finish it first
+// (scheduler.h), places received chunks by offset, acknowledges them, resends chunks in
+// flight on a path that fails or stalls on another path, drops duplicates, and completes
+// each message exactly once (or fails it with a peer error when no path is left).
+//
+// Matching: the sender numbers messages per channel (seq) and tells, for each, the seq of
+// its previous message with the same tag; the receiver matches a message to the next
+// receive posted for its tag as soon as that previous message is matched (or, without
+// it, once every earlier seq is matched), so tags stay FIFO across paths.
+//
+// Threads: isend/irecv/pathStats/health from any thread (posting takes a short lock);
+// every other method only from the backend's progress thread, which owns all state.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "core/metrics.h"
+#include "transport/channel.h"
+#include "transport/frame.h"
+#include "transport/multipath/scheduler.h"
+
+namespace meridian::transport {
+
+struct MultipathConfig {
+  std::uint32_t chunkBytes = 512 * 1024;
+  std::uint64_t pathWindowBytes = 16u << 20;      // unacknowledged bytes per path
+  std::int64_t pathStallUs = 3'000'000;
+  std::uint64_t maxUnexpectedBytes = 1ull << 30;
+  std::string deviceName = "0";                    // metrics label
+};
+
+struct PathEndpoints {
+  std::string localAddress;
+  std::string remoteAddress;
+};
+
+struct OutMessage;
+struct InMessage;
+
+// One chunk handed to a stream of a path for writing.
+struct OutChunk {
+  std::shared_ptr<OutMessage> msg;
+  std::uint32_t index = 0;
+};
+
+// Where an arriving chunk's payload goes.
+struct RecvTarget {
+  std::shared_ptr<InMessage> msg;  // null: drain and drop (duplicate of a finished message)
+  FrameHeader header;
+};
+
+class MultipathChannel : public Channel, public std::enable_shared_from_this<MultipathChannel> {
+ public:
+  MultipathChannel(int peerRank, std::vector<PathEndpoints> paths, MultipathConfig config,
+                   std::function<void()> wakeProgress);
+  ~MultipathChannel() override;
+
+  // Channel (any thread).
+  Result<RequestPtr> isend(const void* data, std::size_t bytes, std::uint64_t tag) override;
+  Result<RequestPtr> irecv(void* data, std::size_t capacityBytes, std::uint64_t tag) override;
+  int peerRank() const override { return peerRank_; }
+  std::vector<PathStats> pathStats() const override;
+  Status health() const override;
+
+  // ---- progress thread only ----
+  std::size_t pathCount() const { return paths_.size(); }
+  // Takes newly posted sends and receives into the protocol state.
+  void drainPosted();
+  // Assigns pending chunks to paths.
+  void schedule(std::int64_t nowUs);
+  // The next chunk a stream of `path` should write; false when there is none.
+  bool nextChunk(std::size_t path, OutChunk* out);
+  // The chunk's header, and its payload from byte `progress` on (at most `maxBytes`);
+  // once the message completed elsewhere the payload reads as zeros (the peer drops it).
+  FrameHeader chunkHeader(const OutChunk& c) const;
+  const std::uint8_t* chunkPayload(const OutChunk& c, std::uint64_t progress, std::size_t* bytes) const;
+  void onChunkWritten(std::size_t path, const OutChunk& c);
+
+  Result<RecvTarget> onDataHeader(const FrameHeader& h, std::size_t path);
+  // Destination for payload byte `progress` of the chunk, or nullptr to drop it.
+  std::uint8_t* targetPointer(const RecvTarget& t, std::uint64_t progress) const;
+  // The chunk is fully read; returns the acknowledgement to send back on that stream.
+  Result<FrameHeader> onDataComplete(const RecvTarget& t, std::size_t path);
+  Status onAck(const FrameHeader& h, std::size_t path, std::int64_t nowUs);
+
+  // A path died (its streams are closed). `graceful`: the peer closed it on purpose.
+  void onPathFailed(std::size_t path, const Status& why, bool graceful);
+  void checkStalls(std::int64_t nowUs);
+  // Fails every outstanding request and all later calls with `why`.
+  void fail(const Status& why);
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  bool pathAlive(std::size_t path) const;
+
+ private:
+  struct PathState;
+  struct PostedRecv {
+    std::uint8_t* data;
+    std::size_t capacity;
+    std::uint64_t tag;
+    RequestPtr req;
+  };
+
+  void requeueChunksOf(std::size_t path);
+  void matchReady(std::shared_ptr<InMessage> msg);
+  void markMatched(std::uint64_t seq);
+  Status bind(InMessage& msg, PostedRecv recv);
+  void finishIn(const std::shared_ptr<InMessage>& msg);
+  bool isFinishedSeq(std::uint64_t seq) const;
+  Status allocateBuffer(InMessage& msg);
+  void releaseBuffer(InMessage& msg);
+
+  const int peerRank_;
+  const MultipathConfig config_;
+  std::function<void()> wake_;
+  std::vector<std::unique_ptr<PathState>> paths_;
+
+  // Posting side (any thread), under postMu_.
+  mutable std::mutex postMu_;
+  std::uint64_t nextSendSeq_ = 0;
+  std::unordered_map<std::uint64_t, std::uint64_t> lastSentSeqByTag_;
+  std::vector<std::shared_ptr<OutMessage>> postedSends_;
+  std::vector<PostedRecv> postedRecvs_;
+  Status error_;
+  std::atomic<bool> failed_{false};
+
+  // Progress-thread state: sending.
+  std::deque<std::shared_ptr<OutMessage>> sending_;
+  std::unordered_map<std::uint64_t, std::shared_ptr<OutMessage>> sendingBySeq_;
+
+  // Progress-thread state: receiving.
+  std::map<std::uint64_t, std::shared_ptr<InMessage>> incoming_;  // seen, not finished (or unmatched)
+  std::uint64_t nextMatchSeq_ = 0;
+  std::set<std::uint64_t> matchedAhead_;
+  std::unordered_map<std::uint64_t, std::uint64_t> lastMatchedByTag_;
+  std::unordered_map<std::uint64_t, std::deque<PostedRecv>> recvsByTag_;
+  std::unordered_map<std::uint64_t, std::deque<std::shared_ptr<InMessage>>> unexpectedByTag_;
+  std::uint64_t bufferedBytes_ = 0;
+};
+
+}  // namespace meridian::transport

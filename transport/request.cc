@@ -1,0 +1,42 @@
+// Request completion and waiting.
+#include "transport/request.h"
+
+#include <thread>
+
+namespace meridian::transport {
+
+void Request::complete(Status status, std::size_t bytes) {
+  std::lock_guard lock(mu_);
+  if (done_.load(std::memory_order_relaxed)) return;
+  status_ = std::move(status);
+  bytes_ = bytes;
+  done_.store(true, std::memory_order_release);
+  if (waiting_) cv_.notify_all();
+}
+
+Status Request::wait(TimePoint deadline) {
+  // A short spin catches completions that are microseconds away without a sleep/wake.
+  for (int i = 0; i < 200 && !done(); ++i) std::this_thread::yield();
+  if (!done()) {
+    std::unique_lock lock(mu_);
+    waiting_ = true;
+    if (deadline == TimePoint::max()) {
+      cv_.wait(lock, [&] { return done_.load(std::memory_order_relaxed); });
+    } else if (!cv_.wait_until(lock, deadline, [&] { return done_.load(std::memory_order_relaxed); })) {
+      return timeoutError("request not complete at its deadline");
+    }
+  }
+  return status_;
+}
+
+Status waitAll(std::initializer_list<const RequestPtr*> requests, TimePoint deadline) {
+  Status first;
+  for (const RequestPtr* r : requests) {
+    if (r == nullptr || !*r) continue;
+    Status st = (*r)->wait(deadline);
+    if (first.isOk() && !st.isOk()) first = st;
+  }
+  return first;
+}
+
+}  // namespace meridian::transport

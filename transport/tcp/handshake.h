@@ -1,0 +1,73 @@
+// The connection handshake: a versioned, mutual HMAC-SHA256 challenge-response that
+// proves both ends hold the job secret before a single frame is exchanged.
+//
+//   client -> server  HELLO      magic, version, client nonce                  (40 bytes)
+//   server -> client  CHALLENGE  magic, version, status, server nonce,
+//                                HMAC(secret, "server" | nonceC | nonceS)      (72 bytes)
+//   client -> server  AUTH       HMAC(secret, "client" | nonceC | nonceS | info), info (56 bytes)
+//   server -> client  RESULT     magic, status                                 (8 bytes)
+//
+// The codec below is pure (unit-tested and fuzzed); clientHandshake/serverHandshake are
+// blocking wrappers for set-up paths, and the TCP engine drives the codec non-blockingly.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "core/clock.h"
+#include "core/secret.h"
+#include "core/status.h"
+
+namespace meridian::transport::tcp {
+
+inline constexpr std::uint32_t kHandshakeMagic = 0x4E44524D;  // "MRDN" little-endian
+inline constexpr std::uint16_t kProtocolVersion = 1;
+inline constexpr std::size_t kHelloBytes = 40;
+inline constexpr std::size_t kChallengeBytes = 72;
+inline constexpr std::size_t kAuthBytes = 56;
+inline constexpr std::size_t kResultBytes = 8;
+
+using Nonce = std::array<std::uint8_t, 32>;
+
+enum class ConnectionKind : std::uint16_t { kDataStream = 1, kStore = 2 };
+
+// What the client tells the server once authenticated.
+struct ConnectInfo {
+  ConnectionKind kind = ConnectionKind::kDataStream;
+  std::uint64_t sessionId = 0;   // which communicator/job the stream belongs to
+  std::int32_t rank = -1;        // the client's rank
+  std::uint16_t pathIndex = 0;   // which path of the channel
+  std::uint16_t streamIndex = 0; // which stream of the path
+  std::uint16_t streamCount = 1; // streams the client opens on this path
+};
+
+enum class HandshakeResult : std::uint16_t { kOk = 0, kVersionMismatch = 1, kAuthFailed = 2, kRejected = 3 };
+
+std::array<std::uint8_t, kHelloBytes> encodeHello(const Nonce& clientNonce);
+// Fails with kPeerError on bad magic or a version we do not speak (the message says which).
+Result<Nonce> decodeHello(std::span<const std::uint8_t> bytes, std::uint16_t* peerVersion = nullptr);
+
+std::array<std::uint8_t, kChallengeBytes> encodeChallenge(std::string_view secret, const Nonce& clientNonce,
+                                                          const Nonce& serverNonce, HandshakeResult status);
+// Checks the server's proof; returns the server nonce.
+Result<Nonce> verifyChallenge(std::string_view secret, const Nonce& clientNonce,
+                              std::span<const std::uint8_t> bytes);
+
+std::array<std::uint8_t, kAuthBytes> encodeAuth(std::string_view secret, const Nonce& clientNonce,
+                                                const Nonce& serverNonce, const ConnectInfo& info);
+Result<ConnectInfo> verifyAuth(std::string_view secret, const Nonce& clientNonce, const Nonce& serverNonce,
+                               std::span<const std::uint8_t> bytes);
+
+std::array<std::uint8_t, kResultBytes> encodeResult(HandshakeResult result);
+Status decodeResult(std::span<const std::uint8_t> bytes);
+
+// Blocking wrappers for set-up paths (fd must be a blocking or pollable socket).
+Status clientHandshake(int fd, std::string_view secret, const ConnectInfo& info, TimePoint deadline);
+Result<ConnectInfo> serverHandshake(int fd, std::string_view secret, TimePoint deadline);
+
+Nonce freshNonce();
+
+}  // namespace meridian::transport::tcp

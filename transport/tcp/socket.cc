@@ -1,0 +1,207 @@
+// Socket helpers for set-up paths.
+#include "transport/tcp/socket.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+namespace meridian::transport::tcp {
+
+std::string HostPort::toString() const { return fmt::format("{}:{}", host, port); }
+
+Result<HostPort> parseHostPort(const std::string& text) {
+  auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) {
+    return invalidArgument("'{}' is not host:port", text);
+  }
+  HostPort hp;
+  hp.host = text.substr(0, colon);
+  const std::string portText = text.substr(colon + 1);
+  unsigned long port = 0;
+  for (char c : portText) {
+    if (c < '0' || c > '9') return invalidArgument("'{}': port '{}' is not a number", text, portText);
+    port = port * 10 + static_cast<unsigned long>(c - '0');
+    if (port > 65535) return invalidArgument("'{}': port {} is out of range", text, portText);
+  }
+  hp.port = static_cast<std::uint16_t>(port);
+  return hp;
+}
+
+namespace {
+
+Result<sockaddr_in> resolve(const std::string& host, std::uint16_t port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  if (host.empty() || host == "*" || host == "0.0.0.0") {
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    return addr;
+  }
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) == 1) return addr;
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  if (rc != 0 || res == nullptr) {
+    return invalidArgument("cannot resolve host '{}': {}", host, gai_strerror(rc));
+  }
+  addr.sin_addr = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
+  freeaddrinfo(res);
+  return addr;
+}
+
+std::string formatAddr(const sockaddr_in& a) {
+  char buf[INET_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET, &a.sin_addr, buf, sizeof(buf));
+  return fmt::format("{}:{}", buf, ntohs(a.sin_port));
+}
+
+int remainingMs(TimePoint deadline) {
+  if (deadline == TimePoint::max()) return -1;
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return ms < 0 ? 0 : static_cast<int>(std::min<long long>(ms, 1 << 30));
+}
+
+}  // namespace
+
+Status setNonBlocking(int fd, bool on) {
+  int flags = fcntl(fd, F_GETFL, 0);
+  if (flags < 0) return internalError("fcntl(F_GETFL): {}", std::strerror(errno));
+  flags = on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK);
+  if (fcntl(fd, F_SETFL, flags) < 0) return internalError("fcntl(F_SETFL): {}", std::strerror(errno));
+  return Status::ok();
+}
+
+void tuneDataSocket(int fd, int bufferBytes) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (bufferBytes > 0) {
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bufferBytes, sizeof(bufferBytes));
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bufferBytes, sizeof(bufferBytes));
+  }
+}
+
+Result<UniqueFd> listenOn(const std::string& ip, std::uint16_t port, bool nonBlocking, int backlog) {
+  auto addr = resolve(ip, port);
+  if (!addr) return addr.status();
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | (nonBlocking ? SOCK_NONBLOCK : 0), 0));
+  if (!fd.valid()) return internalError("socket(): {}", std::strerror(errno));
+  int one = 1;
+  setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&addr.value()), sizeof(sockaddr_in)) != 0) {
+    return invalidArgument("cannot bind {}:{}: {}", ip, port, std::strerror(errno));
+  }
+  if (::listen(fd.get(), backlog) != 0) return internalError("listen({}:{}): {}", ip, port, std::strerror(errno));
+  return fd;
+}
+
+Result<UniqueFd> connectTo(const HostPort& remote, const std::string& localIp, TimePoint deadline) {
+  auto addr = resolve(remote.host, remote.port);
+  if (!addr) return addr.status();
+  std::string lastError = "deadline passed before the first attempt";
+  auto backoff = std::chrono::milliseconds(5);
+  while (true) {
+    UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd.valid()) return internalError("socket(): {}", std::strerror(errno));
+    if (!localIp.empty()) {
+      auto local = resolve(localIp, 0);
+      if (!local) return local.status();
+      if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&local.value()), sizeof(sockaddr_in)) != 0) {
+        return invalidArgument("cannot bind local address {}: {}", localIp, std::strerror(errno));
+      }
+    }
+    int rc = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr.value()), sizeof(sockaddr_in));
+    if (rc != 0 && errno == EINPROGRESS) {
+      pollfd p{fd.get(), POLLOUT, 0};
+      int prc = ::poll(&p, 1, remainingMs(deadline));
+      if (prc == 1) {
+        int err = 0;
+        socklen_t len = sizeof(err);
+        getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+        rc = err == 0 ? 0 : -1;
+        errno = err;
+      } else {
+        rc = -1;
+        errno = ETIMEDOUT;
+      }
+    }
+    if (rc == 0) {
+      MERIDIAN_RETURN_IF_ERROR(setNonBlocking(fd.get(), false));
+      int one = 1;
+      setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      return fd;
+    }
+    lastError = std::strerror(errno);
+    bool retryable = errno == ECONNREFUSED || errno == ETIMEDOUT || errno == EAGAIN || errno == ECONNRESET ||
+                     errno == EHOSTUNREACH || errno == ENETUNREACH;
+    if (!retryable) return peerError("connect to {}: {}", remote.toString(), lastError);
+    if (Clock::now() + backoff >= deadline) break;
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+  }
+  return timeoutError("connect to {}: {} (gave up at the deadline)", remote.toString(), lastError);
+}
+
+std::string localAddress(int fd) {
+  sockaddr_in a{};
+  socklen_t len = sizeof(a);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return "?";
+  return formatAddr(a);
+}
+
+std::string peerAddress(int fd) {
+  sockaddr_in a{};
+  socklen_t len = sizeof(a);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return "?";
+  return formatAddr(a);
+}
+
+namespace {
+template <typename Op>
+Status transferAll(int fd, std::size_t bytes, TimePoint deadline, short events, const char* what, Op op) {
+  std::size_t done = 0;
+  while (done < bytes) {
+    pollfd p{fd, events, 0};
+    int prc = ::poll(&p, 1, remainingMs(deadline));
+    if (prc == 0) return timeoutError("{}: timed out after {} of {} bytes", what, done, bytes);
+    if (prc < 0) {
+      if (errno == EINTR) continue;
+      return peerError("{}: poll: {}", what, std::strerror(errno));
+    }
+    ssize_t n = op(done);
+    if (n > 0) {
+      done += static_cast<std::size_t>(n);
+    } else if (n == 0) {
+      return peerError("{}: connection closed by peer after {} of {} bytes", what, done, bytes);
+    } else if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
+      return peerError("{}: {}", what, std::strerror(errno));
+    }
+  }
+  return Status::ok();
+}
+}  // namespace
+
+Status sendAll(int fd, const void* data, std::size_t bytes, TimePoint deadline) {
+  const auto* p = static_cast<const std::uint8_t*>(data);
+  return transferAll(fd, bytes, deadline, POLLOUT, "send", [&](std::size_t done) {
+    return ::send(fd, p + done, bytes - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+  });
+}
+
+Status recvAll(int fd, void* data, std::size_t bytes, TimePoint deadline) {
+  auto* p = static_cast<std::uint8_t*>(data);
+  return transferAll(fd, bytes, deadline, POLLIN, "receive", [&](std::size_t done) {
+    return ::recv(fd, p + done, bytes - done, MSG_DONTWAIT);
+  });
+}
+
+}  // namespace meridian::transport::tcp

@@ -1,0 +1,42 @@
+// Small blocking-with-deadline socket helpers for set-up paths (bootstrap store,
+// connection handshakes). The data path never uses these; it lives in tcp_device.cc.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/clock.h"
+#include "core/fd.h"
+#include "core/status.h"
+
+namespace meridian::transport::tcp {
+
+struct HostPort {
+  std::string host;
+  std::uint16_t port = 0;
+  std::string toString() const;
+};
+
+// Parses "host:port" (IPv4 literal or a resolvable name). kInvalidArgument on garbage.
+Result<HostPort> parseHostPort(const std::string& text);
+
+// Listens on ip:port (port 0: the kernel picks one). Non-blocking when `nonBlocking`.
+Result<UniqueFd> listenOn(const std::string& ip, std::uint16_t port, bool nonBlocking, int backlog = 512);
+// Connects (retrying refused connections until the deadline, as peers start at
+// different times), optionally binding the local side to `localIp` first. The returned
+// socket is blocking, with TCP_NODELAY set.
+Result<UniqueFd> connectTo(const HostPort& remote, const std::string& localIp, TimePoint deadline);
+// Local or remote "ip:port" of a socket.
+std::string localAddress(int fd);
+std::string peerAddress(int fd);
+
+// Whole-buffer send/receive on a blocking socket, giving up at the deadline.
+Status sendAll(int fd, const void* data, std::size_t bytes, TimePoint deadline);
+Status recvAll(int fd, void* data, std::size_t bytes, TimePoint deadline);
+
+// Socket options for data streams.
+Status setNonBlocking(int fd, bool on);
+void tuneDataSocket(int fd, int bufferBytes);
+
+}  // namespace meridian::transport::tcp

@@ -1,0 +1,770 @@
+// The TCP engine: listeners, the non-blocking server handshake, and the stream state
+// machines that move multipath chunks and acknowledgements, all on one epoll progress
+// thread per device.
+#include "transport/tcp/tcp_device.h"
+
+#include <pthread.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include "core/check.h"
+#include "core/fd.h"
+#include "core/knobs.h"
+#include "core/log.h"
+#include "transport/multipath/multipath_channel.h"
+#include "transport/tcp/handshake.h"
+#include "transport/tcp/socket.h"
+
+namespace meridian::transport::tcp {
+
+namespace {
+
+constexpr std::size_t kReadBufferBytes = 256 * 1024;
+constexpr std::size_t kDirectReadMinBytes = 64 * 1024;
+constexpr std::size_t kReadBudgetBytes = 8u << 20;
+constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
+
+std::string errnoText(int e) { return std::strerror(e); }
+
+}  // namespace
+
+// An accepted connection still in the server side of the handshake.
+struct PendingHandshake {
+  UniqueFd fd;
+  std::string peer;
+  TimePoint deadline;
+  enum class Step { kReadHello, kWriteChallenge, kReadAuth, kWriteResult } step = Step::kReadHello;
+  std::vector<std::uint8_t> in;
+  std::vector<std::uint8_t> out;
+  std::size_t outDone = 0;
+  Nonce clientNonce{};
+  Nonce serverNonce{};
+  Result<ConnectInfo> info = ConnectInfo{};
+  bool closeAfterWrite = false;
+};
+
+// An authenticated stream that no channel has claimed yet.
+struct UnclaimedStream {
+  UniqueFd fd;
+  ConnectInfo info;
+  TimePoint deadline;
+};
+
+struct Stream {
+  UniqueFd fd;
+  std::size_t path = 0;
+  struct ChannelEntry* entry = nullptr;
+  bool dead = false;
+  bool gotClose = false;
+  bool wantOut = false;
+  // Reading.
+  bool inPayload = false;
+  std::uint8_t header[kFrameHeaderBytes] = {};
+  std::size_t headerGot = 0;
+  RecvTarget target;
+  std::uint64_t payloadGot = 0;
+  std::unique_ptr<std::uint8_t[]> rbuf;
+  std::size_t rpos = 0, rlen = 0;
+  std::uint8_t drain[16 * 1024];
+  // Writing: control frames (acks, close) go out between data frames.
+  std::vector<std::uint8_t> ctrl;
+  std::size_t ctrlDone = 0;
+  bool writing = false;
+  OutChunk chunk;
+  FrameHeaderBytes chunkHeader{};
+  std::uint64_t written = 0;  // of header + payload
+  std::uint64_t frameBytes = 0;
+};
+
+struct ChannelEntry {
+  std::uint64_t sessionId = 0;
+  int peerRank = 0;
+  std::shared_ptr<MultipathChannel> channel;
+  std::vector<std::vector<std::unique_ptr<Stream>>> streams;  // [path][stream]
+  std::vector<int> expectedStreams;                           // per path; 0 = not known yet
+  bool ready = false;
+};
+
+struct TcpDevice::Impl {
+  DeviceOptions options;
+  std::vector<UniqueFd> listeners;
+  std::vector<std::string> listenAddrs;
+  std::vector<std::string> localIps;
+  UniqueFd epfd;
+  UniqueFd wakefd;
+  std::atomic<bool> wakePending{false};
+  std::atomic<bool> running{true};
+  std::thread thread;
+
+  std::mutex cmdMu;
+  std::condition_variable cmdCv;
+  std::vector<std::function<void()>> commands;
+
+  // Progress-thread state.
+  std::map<int, std::unique_ptr<PendingHandshake>> handshakes;  // by fd
+  std::vector<UnclaimedStream> unclaimed;
+  std::vector<std::unique_ptr<ChannelEntry>> channels;
+  std::map<int, Stream*> streamsByFd;
+  std::int64_t lastStallCheckUs = 0;
+
+  void wake() {
+    if (!wakePending.exchange(true, std::memory_order_acq_rel)) {
+      std::uint64_t one = 1;
+      ssize_t rc = ::write(wakefd.get(), &one, sizeof(one));
+      (void)rc;
+    }
+  }
+
+  // Runs `fn` on the progress thread and waits for it.
+  void runOnProgress(std::function<void()> fn) {
+    bool done = false;
+    {
+      std::lock_guard lock(cmdMu);
+      commands.push_back([&, fn = std::move(fn)] {
+        fn();
+        std::lock_guard l(cmdMu);
+        done = true;
+        cmdCv.notify_all();
+      });
+    }
+    wake();
+    std::unique_lock lock(cmdMu);
+    cmdCv.wait(lock, [&] { return done; });
+  }
+
+  void epollSet(int fd, std::uint32_t events, bool add) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.fd = fd;
+    ::epoll_ctl(epfd.get(), add ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, fd, &ev);
+  }
+
+  void loop();
+  void acceptAll(std::size_t listenerIndex);
+  void stepHandshake(PendingHandshake& hs, std::uint32_t events);
+  void claimStreams();
+  void attachStream(ChannelEntry& e, UniqueFd fd, std::size_t path);
+  void readStream(Stream& s);
+  void flushStream(Stream& s);
+  void failPath(ChannelEntry& e, std::size_t path, const Status& why, bool graceful);
+  void progressChannels();
+  void shutdownAll();
+  MultipathConfig channelConfig() const;
+};
+
+MultipathConfig TcpDevice::Impl::channelConfig() const {
+  MultipathConfig c;
+  c.chunkBytes = static_cast<std::uint32_t>(options.chunkBytes);
+  c.pathStallUs = static_cast<std::int64_t>(options.pathStallMs) * 1000;
+  c.maxUnexpectedBytes = static_cast<std::uint64_t>(knobInt(knobs::kMaxUnexpectedBytes, 0, INT64_MAX));
+  c.pathWindowBytes = std::max<std::uint64_t>(16u << 20, 4ull * options.chunkBytes);
+  c.deviceName = options.name;
+  return c;
+}
+
+// ------------------------------------------------------------------ accept + handshake
+
+void TcpDevice::Impl::acceptAll(std::size_t listenerIndex) {
+  while (true) {
+    int fd = ::accept4(listeners[listenerIndex].get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        MLOG_WARN(kTransport, "accept on {}: {}", listenAddrs[listenerIndex], errnoText(errno));
+      }
+      return;
+    }
+    auto hs = std::make_unique<PendingHandshake>();
+    hs->fd.reset(fd);
+    hs->peer = peerAddress(fd);
+    hs->deadline = Clock::now() + kHandshakeTimeout;
+    hs->serverNonce = freshNonce();
+    epollSet(fd, EPOLLIN, true);
+    handshakes[fd] = std::move(hs);
+  }
+}
+
+void TcpDevice::Impl::stepHandshake(PendingHandshake& hs, std::uint32_t events) {
+  auto drop = [&](const std::string& why) {
+    MLOG_WARN(kTransport, "refused connection from {}: {}", hs.peer, why);
+    ::epoll_ctl(epfd.get(), EPOLL_CTL_DEL, hs.fd.get(), nullptr);
+    handshakes.erase(hs.fd.get());  // destroys hs
+  };
+  if (events & (EPOLLERR | EPOLLHUP)) {
+    if (!(events & EPOLLIN)) return drop("connection closed during the handshake");
+  }
+  auto readUpTo = [&](std::size_t want) -> int {  // 1: have `want` bytes, 0: need more, -1: closed
+    while (hs.in.size() < want) {
+      std::uint8_t buf[128];
+      ssize_t n = ::recv(hs.fd.get(), buf, std::min(sizeof(buf), want - hs.in.size()), 0);
+      if (n > 0) {
+        hs.in.insert(hs.in.end(), buf, buf + n);
+      } else if (n == 0) {
+        return -1;
+      } else {
+        return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
+      }
+    }
+    return 1;
+  };
+  auto flushOut = [&]() -> int {
+    while (hs.outDone < hs.out.size()) {
+      ssize_t n = ::send(hs.fd.get(), hs.out.data() + hs.outDone, hs.out.size() - hs.outDone, MSG_NOSIGNAL);
+      if (n > 0) {
+        hs.outDone += static_cast<std::size_t>(n);
+      } else {
+        return (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) ? 0 : -1;
+      }
+    }
+    return 1;
+  };
+  const std::string& secret = options.secret;
+  while (true) {
+    switch (hs.step) {
+      case PendingHandshake::Step::kReadHello: {
+        int r = readUpTo(kHelloBytes);
+        if (r < 0) return drop("closed before saying hello");
+        if (r == 0) return;
+        std::uint16_t version = 0;
+        auto nc = decodeHello(hs.in, &version);
+        if (!nc) {
+          if (version != 0 && version != kProtocolVersion) {
+            auto ch = encodeChallenge(secret, Nonce{}, hs.serverNonce, HandshakeResult::kVersionMismatch);
+            (void)::send(hs.fd.get(), ch.data(), ch.size(), MSG_NOSIGNAL);
+          }
+          return drop(nc.status().message());
+        }
+        hs.clientNonce = nc.value();
+        auto ch = encodeChallenge(secret, hs.clientNonce, hs.serverNonce, HandshakeResult::kOk);
+        hs.out.assign(ch.begin(), ch.end());
+        hs.outDone = 0;
+        hs.in.clear();
+        hs.step = PendingHandshake::Step::kWriteChallenge;
+        break;
+      }
+      case PendingHandshake::Step::kWriteChallenge: {
+        int r = flushOut();
+        if (r < 0) return drop("closed while receiving the challenge");
+        if (r == 0) {
+          epollSet(hs.fd.get(), EPOLLIN | EPOLLOUT, false);
+          return;
+        }
+        epollSet(hs.fd.get(), EPOLLIN, false);
+        hs.step = PendingHandshake::Step::kReadAuth;
+        break;
+      }
+      case PendingHandshake::Step::kReadAuth: {
+        int r = readUpTo(kAuthBytes);
+        if (r < 0) return drop("closed before authenticating");
+        if (r == 0) return;
+        hs.info = verifyAuth(secret, hs.clientNonce, hs.serverNonce, hs.in);
+        if (hs.info && hs.info->kind != ConnectionKind::kDataStream) {
+          hs.info = peerError("handshake: a {} connection reached a data listener", static_cast<int>(hs.info->kind));
+        }
+        auto res = encodeResult(hs.info ? HandshakeResult::kOk : HandshakeResult::kAuthFailed);
+        hs.out.assign(res.begin(), res.end());
+        hs.outDone = 0;
+        hs.step = PendingHandshake::Step::kWriteResult;
+        break;
+      }
+      case PendingHandshake::Step::kWriteResult: {
+        int r = flushOut();
+        if (!hs.info) return drop(hs.info.status().message());
+        if (r < 0) return drop("closed while receiving the result");
+        if (r == 0) {
+          epollSet(hs.fd.get(), EPOLLOUT, false);
+          return;
+        }
+        ::epoll_ctl(epfd.get(), EPOLL_CTL_DEL, hs.fd.get(), nullptr);
+        UnclaimedStream u{std::move(hs.fd), hs.info.value(), Clock::now() + std::chrono::milliseconds(knobInt(knobs::kTimeoutMs))};
+        int key = u.fd.get();
+        unclaimed.push_back(std::move(u));
+        handshakes.erase(key);
+        claimStreams();
+        return;
+      }
+    }
+  }
+}
+
+void TcpDevice::Impl::claimStreams() {
+  for (auto it = unclaimed.begin(); it != unclaimed.end();) {
+    ChannelEntry* match = nullptr;
+    for (auto& e : channels) {
+      if (e->sessionId == it->info.sessionId && e->peerRank == it->info.rank && !e->channel->failed()) match = e.get();
+    }
+    if (match == nullptr || it->info.pathIndex >= match->streams.size()) {
+      ++it;
+      continue;
+    }
+    std::size_t path = it->info.pathIndex;
+    if (match->expectedStreams[path] == 0) match->expectedStreams[path] = it->info.streamCount;
+    attachStream(*match, std::move(it->fd), path);
+    it = unclaimed.erase(it);
+    bool all = true;
+    for (std::size_t p = 0; p < match->streams.size(); ++p) {
+      if (match->expectedStreams[p] == 0 || static_cast<int>(match->streams[p].size()) < match->expectedStreams[p]) {
+        all = false;
+      }
+    }
+    if (all && !match->ready) {
+      match->ready = true;
+      std::lock_guard lock(cmdMu);
+      cmdCv.notify_all();
+    }
+  }
+}
+
+void TcpDevice::Impl::attachStream(ChannelEntry& e, UniqueFd fd, std::size_t path) {
+  auto s = std::make_unique<Stream>();
+  tuneDataSocket(fd.get(), options.socketBufferBytes);
+  (void)setNonBlocking(fd.get(), true);
+  s->fd = std::move(fd);
+  s->path = path;
+  s->entry = &e;
+  s->rbuf = std::make_unique<std::uint8_t[]>(kReadBufferBytes);
+  epollSet(s->fd.get(), EPOLLIN, true);
+  streamsByFd[s->fd.get()] = s.get();
+  e.streams[path].push_back(std::move(s));
+}
+
+// ------------------------------------------------------------------ data streams
+
+void TcpDevice::Impl::failPath(ChannelEntry& e, std::size_t path, const Status& why, bool graceful) {
+  for (auto& s : e.streams[path]) {
+    if (s->dead) continue;
+    s->dead = true;
+    ::epoll_ctl(epfd.get(), EPOLL_CTL_DEL, s->fd.get(), nullptr);
+    streamsByFd.erase(s->fd.get());
+    ::shutdown(s->fd.get(), SHUT_RDWR);
+    s->fd.reset();
+    s->target = RecvTarget{};
+    s->chunk = OutChunk{};
+  }
+  e.channel->onPathFailed(path, why, graceful);
+}
+
+void TcpDevice::Impl::readStream(Stream& s) {
+  ChannelEntry& e = *s.entry;
+  MultipathChannel& ch = *e.channel;
+  std::size_t budget = kReadBudgetBytes;
+  while (!s.dead && budget > 0) {
+    if (s.rpos == s.rlen) {
+      s.rpos = s.rlen = 0;
+      std::uint8_t* dst = s.rbuf.get();
+      std::size_t want = kReadBufferBytes;
+      bool direct = false;
+      if (s.inPayload) {
+        std::uint64_t remaining = s.target.header.length - s.payloadGot;
+        if (remaining >= kDirectReadMinBytes) {
+          std::uint8_t* p = ch.targetPointer(s.target, s.payloadGot);
+          dst = p != nullptr ? p : s.drain;
+          want = static_cast<std::size_t>(std::min<std::uint64_t>(remaining, p != nullptr ? remaining : sizeof(s.drain)));
+          direct = true;
+        }
+      }
+      ssize_t n = ::recv(s.fd.get(), dst, want, 0);
+      if (n == 0) {
+        bool midFrame = s.inPayload || s.headerGot > 0 || s.rpos < s.rlen;
+        bool graceful = s.gotClose && !midFrame;
+        failPath(e, s.path,
+                 midFrame ? peerError("connection closed by rank {} in the middle of a frame (truncated)", e.peerRank)
+                          : peerError("connection closed by rank {}", e.peerRank),
+                 graceful);
+        return;
+      }
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        if (errno == EINTR) continue;
+        failPath(e, s.path, pathError("receive from rank {}: {}", e.peerRank, errnoText(errno)), false);
+        return;
+      }
+      budget -= std::min<std::size_t>(budget, static_cast<std::size_t>(n));
+      if (direct) {
+        s.payloadGot += static_cast<std::uint64_t>(n);
+      } else {
+        s.rlen = static_cast<std::size_t>(n);
+      }
+    }
+    // Consume buffered bytes (and finish a chunk completed by a direct read).
+    while (!s.dead) {
+      if (!s.inPayload) {
+        if (s.rpos == s.rlen) break;
+        std::size_t take = std::min(kFrameHeaderBytes - s.headerGot, s.rlen - s.rpos);
+        std::memcpy(s.header + s.headerGot, s.rbuf.get() + s.rpos, take);
+        s.headerGot += take;
+        s.rpos += take;
+        if (s.headerGot < kFrameHeaderBytes) break;
+        s.headerGot = 0;
+        auto h = decodeFrameHeader(std::span<const std::uint8_t>(s.header, kFrameHeaderBytes));
+        if (!h) {
+          MLOG_ERROR(kTransport, "bad frame from rank {} on path {}: {}; closing the connection", e.peerRank, s.path,
+                     h.status().message());
+          failPath(e, s.path, h.status(), false);
+          return;
+        }
+        if (h->type == FrameType::kAck) {
+          Status st = ch.onAck(h.value(), s.path, nowUs());
+          if (!st.isOk()) {
+            MLOG_ERROR(kTransport, "rank {}: {}; closing the connection", e.peerRank, st.message());
+            failPath(e, s.path, st, false);
+            return;
+          }
+          continue;
+        }
+        if (h->type == FrameType::kClose) {
+          s.gotClose = true;
+          continue;
+        }
+        auto t = ch.onDataHeader(h.value(), s.path);
+        if (!t) {
+          MLOG_ERROR(kTransport, "rank {}: {}", e.peerRank, t.status().message());
+          ch.fail(t.status());
+          failPath(e, s.path, t.status(), false);
+          return;
+        }
+        s.target = std::move(t.value());
+        s.payloadGot = 0;
+        s.inPayload = true;
+      }
+      if (s.payloadGot < s.target.header.length) {
+        if (s.rpos == s.rlen) break;
+        std::size_t take = static_cast<std::size_t>(
+            std::min<std::uint64_t>(s.target.header.length - s.payloadGot, s.rlen - s.rpos));
+        if (std::uint8_t* p = ch.targetPointer(s.target, s.payloadGot)) std::memcpy(p, s.rbuf.get() + s.rpos, take);
+        s.rpos += take;
+        s.payloadGot += take;
+        if (s.payloadGot < s.target.header.length) break;
+      }
+      auto ack = ch.onDataComplete(s.target, s.path);
+      s.inPayload = false;
+      s.target = RecvTarget{};
+      if (!ack) {
+        ch.fail(ack.status());
+        failPath(e, s.path, ack.status(), false);
+        return;
+      }
+      auto bytes = encodeFrameHeader(ack.value());
+      s.ctrl.insert(s.ctrl.end(), bytes.begin(), bytes.end());
+    }
+  }
+}
+
+void TcpDevice::Impl::flushStream(Stream& s) {
+  ChannelEntry& e = *s.entry;
+  MultipathChannel& ch = *e.channel;
+  while (!s.dead) {
+    iovec iov[2];
+    int iovcnt = 0;
+    if (!s.writing && s.ctrlDone == s.ctrl.size()) {
+      s.ctrl.clear();
+      s.ctrlDone = 0;
+      if (ch.nextChunk(s.path, &s.chunk)) {
+        s.chunkHeader = encodeFrameHeader(ch.chunkHeader(s.chunk));
+        s.writing = true;
+        s.written = 0;
+        s.frameBytes = kFrameHeaderBytes + ch.chunkHeader(s.chunk).length;
+      }
+    }
+    if (s.ctrlDone < s.ctrl.size() && (!s.writing || s.written == 0)) {
+      // Control frames go first, and never inside a data frame.
+      iov[0] = {s.ctrl.data() + s.ctrlDone, s.ctrl.size() - s.ctrlDone};
+      iovcnt = 1;
+    } else if (s.writing) {
+      if (s.written < kFrameHeaderBytes) {
+        iov[iovcnt++] = {s.chunkHeader.data() + s.written, kFrameHeaderBytes - s.written};
+      }
+      std::uint64_t payloadDone = s.written > kFrameHeaderBytes ? s.written - kFrameHeaderBytes : 0;
+      if (payloadDone < s.frameBytes - kFrameHeaderBytes) {
+        std::size_t n = 0;
+        const std::uint8_t* p = ch.chunkPayload(s.chunk, payloadDone, &n);
+        iov[iovcnt++] = {const_cast<std::uint8_t*>(p), n};
+      }
+    }
+    if (iovcnt == 0) break;
+    msghdr mh{};
+    mh.msg_iov = iov;
+    mh.msg_iovlen = static_cast<std::size_t>(iovcnt);
+    ssize_t n = ::sendmsg(s.fd.get(), &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (!s.wantOut) {
+          s.wantOut = true;
+          epollSet(s.fd.get(), EPOLLIN | EPOLLOUT, false);
+        }
+        return;
+      }
+      failPath(e, s.path, pathError("send to rank {}: {}", e.peerRank, errnoText(errno)), false);
+      return;
+    }
+    if (iovcnt == 1 && iov[0].iov_base == s.ctrl.data() + s.ctrlDone) {
+      s.ctrlDone += static_cast<std::size_t>(n);
+    } else {
+      s.written += static_cast<std::uint64_t>(n);
+      if (s.written == s.frameBytes) {
+        ch.onChunkWritten(s.path, s.chunk);
+        s.writing = false;
+        s.chunk = OutChunk{};
+      }
+    }
+  }
+  if (s.wantOut && !s.dead) {
+    s.wantOut = false;
+    epollSet(s.fd.get(), EPOLLIN, false);
+  }
+}
+
+void TcpDevice::Impl::progressChannels() {
+  std::int64_t now = nowUs();
+  bool stallCheck = now - lastStallCheckUs > 20'000;
+  if (stallCheck) lastStallCheckUs = now;
+  for (auto& e : channels) {
+    if (!e->ready) continue;
+    MultipathChannel& ch = *e->channel;
+    if (ch.failed()) {
+      for (std::size_t p = 0; p < e->streams.size(); ++p) {
+        if (std::any_of(e->streams[p].begin(), e->streams[p].end(), [](auto& s) { return !s->dead; })) {
+          failPath(*e, p, ch.health(), true);
+        }
+      }
+      continue;
+    }
+    ch.drainPosted();
+    if (stallCheck) ch.checkStalls(now);
+    ch.schedule(now);
+    for (auto& path : e->streams) {
+      for (auto& s : path) {
+        if (!s->dead) flushStream(*s);
+      }
+    }
+  }
+}
+
+void TcpDevice::Impl::loop() {
+  std::string threadName = "mer-tcp-" + options.name;
+  threadName.resize(std::min<std::size_t>(threadName.size(), 15));
+  pthread_setname_np(pthread_self(), threadName.c_str());
+  epoll_event events[64];
+  while (running.load(std::memory_order_acquire)) {
+    int n = ::epoll_wait(epfd.get(), events, 64, 10);
+    for (int i = 0; i < n; ++i) {
+      int fd = events[i].data.fd;
+      std::uint32_t ev = events[i].events;
+      if (fd == wakefd.get()) {
+        std::uint64_t v;
+        ssize_t rc = ::read(wakefd.get(), &v, sizeof(v));
+        (void)rc;
+        wakePending.store(false, std::memory_order_release);
+        continue;
+      }
+      bool isListener = false;
+      for (std::size_t l = 0; l < listeners.size(); ++l) {
+        if (listeners[l].get() == fd) {
+          acceptAll(l);
+          isListener = true;
+        }
+      }
+      if (isListener) continue;
+      if (auto hs = handshakes.find(fd); hs != handshakes.end()) {
+        stepHandshake(*hs->second, ev);
+        continue;
+      }
+      auto st = streamsByFd.find(fd);
+      if (st == streamsByFd.end()) continue;
+      Stream& s = *st->second;
+      if (ev & (EPOLLIN | EPOLLERR | EPOLLHUP)) readStream(s);
+      if (!s.dead && (ev & EPOLLOUT)) flushStream(s);
+    }
+    std::vector<std::function<void()>> cmds;
+    {
+      std::lock_guard lock(cmdMu);
+      cmds.swap(commands);
+    }
+    for (auto& c : cmds) c();
+    progressChannels();
+    // Expire handshakes and streams nobody claimed.
+    TimePoint now = Clock::now();
+    for (auto it = handshakes.begin(); it != handshakes.end();) {
+      auto next = std::next(it);
+      if (it->second->deadline < now) {
+        MLOG_WARN(kTransport, "refused connection from {}: handshake timed out", it->second->peer);
+        ::epoll_ctl(epfd.get(), EPOLL_CTL_DEL, it->first, nullptr);
+        handshakes.erase(it);
+      }
+      it = next;
+    }
+    std::erase_if(unclaimed, [&](const UnclaimedStream& u) {
+      if (u.deadline >= now) return false;
+      MLOG_WARN(kTransport, "closing a stream from rank {} (session {:x}) that no channel claimed", u.info.rank,
+                u.info.sessionId);
+      return true;
+    });
+  }
+  shutdownAll();
+}
+
+void TcpDevice::Impl::shutdownAll() {
+  // Say goodbye on every stream so peers know the close is on purpose, then close.
+  FrameHeader close;
+  close.type = FrameType::kClose;
+  auto bytes = encodeFrameHeader(close);
+  for (auto& e : channels) {
+    for (auto& path : e->streams) {
+      for (auto& s : path) {
+        if (s->dead) continue;
+        (void)setNonBlocking(s->fd.get(), false);
+        timeval tv{0, 200'000};
+        setsockopt(s->fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+        if (!s->writing || s->written == 0) {
+          (void)::send(s->fd.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL);
+        }
+        ::shutdown(s->fd.get(), SHUT_WR);
+      }
+    }
+    e->channel->fail(commError("the transport device was closed"));
+  }
+}
+
+// ------------------------------------------------------------------ public API
+
+TcpDevice::TcpDevice(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+TcpDevice::~TcpDevice() {
+  if (impl_ && impl_->thread.joinable()) {
+    impl_->running.store(false, std::memory_order_release);
+    impl_->wake();
+    impl_->thread.join();
+  }
+}
+
+Result<std::unique_ptr<TcpDevice>> TcpDevice::create(DeviceOptions options) {
+  auto impl = std::make_unique<Impl>();
+  try {
+    if (options.streamsPerPath <= 0) options.streamsPerPath = static_cast<int>(knobInt(knobs::kTcpStreams, 1, 16));
+    if (options.socketBufferBytes <= 0) {
+      options.socketBufferBytes = static_cast<int>(knobInt(knobs::kTcpSockBufBytes, 0, 1 << 30));
+    }
+    if (options.chunkBytes == 0) {
+      options.chunkBytes = static_cast<std::size_t>(knobInt(knobs::kChunkBytes, 4096, kMaxChunkBytes));
+    }
+    if (options.pathStallMs <= 0) options.pathStallMs = static_cast<int>(knobInt(knobs::kPathStallMs, 1, 3'600'000));
+    if (options.secret.empty()) options.secret = loadJobSecret();
+  } catch (const ConfigError& e) {
+    return invalidArgument("{}", e.what());
+  }
+  if (options.streamsPerPath > 16) return invalidArgument("at most 16 streams per path, not {}", options.streamsPerPath);
+  if (options.chunkBytes > kMaxChunkBytes) return invalidArgument("chunk size {} over {}", options.chunkBytes, kMaxChunkBytes);
+  if (options.localAddresses.empty()) return invalidArgument("a TCP device needs at least one local address");
+  if (options.localAddresses.size() > 64) return invalidArgument("at most 64 paths");
+  for (const auto& addr : options.localAddresses) {
+    std::string ip = addr;
+    std::uint16_t port = 0;
+    if (addr.find(':') != std::string::npos) {
+      auto hp = parseHostPort(addr);
+      if (!hp) return hp.status();
+      ip = hp->host;
+      port = hp->port;
+    }
+    auto fd = listenOn(ip, port, true);
+    if (!fd) return fd.status().withContext("TCP device");
+    impl->listenAddrs.push_back(localAddress(fd->get()));
+    impl->localIps.push_back(ip);
+    impl->listeners.push_back(std::move(fd.value()));
+  }
+  impl->options = std::move(options);
+  impl->epfd.reset(::epoll_create1(EPOLL_CLOEXEC));
+  impl->wakefd.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!impl->epfd.valid() || !impl->wakefd.valid()) return internalError("epoll/eventfd: {}", errnoText(errno));
+  impl->epollSet(impl->wakefd.get(), EPOLLIN, true);
+  for (auto& l : impl->listeners) impl->epollSet(l.get(), EPOLLIN, true);
+  Impl* raw = impl.get();
+  impl->thread = std::thread([raw] { raw->loop(); });
+  MLOG_INFO(kTransport, "TCP device {} listening on {} ({} streams per path)", raw->options.name,
+            fmt::join(raw->listenAddrs, ", "), raw->options.streamsPerPath);
+  return std::unique_ptr<TcpDevice>(new TcpDevice(std::move(impl)));
+}
+
+const std::vector<std::string>& TcpDevice::listenAddresses() const { return impl_->listenAddrs; }
+
+Result<ChannelPtr> TcpDevice::openChannel(const ChannelSpec& spec, TimePoint deadline) {
+  Impl& d = *impl_;
+  if (spec.peerAddresses.empty()) return invalidArgument("openChannel: rank {} published no addresses", spec.peerRank);
+  if (spec.peerRank == spec.selfRank) return invalidArgument("openChannel: a channel to oneself (rank {})", spec.selfRank);
+  std::size_t nPaths = std::min(d.localIps.size(), spec.peerAddresses.size());
+  std::vector<PathEndpoints> endpoints;
+  for (std::size_t p = 0; p < nPaths; ++p) endpoints.push_back({d.listenAddrs[p], spec.peerAddresses[p]});
+  auto entry = std::make_unique<ChannelEntry>();
+  entry->sessionId = spec.sessionId;
+  entry->peerRank = spec.peerRank;
+  entry->streams.resize(nPaths);
+  entry->expectedStreams.assign(nPaths, 0);
+  entry->channel = std::make_shared<MultipathChannel>(spec.peerRank, std::move(endpoints), d.channelConfig(),
+                                                      [&d] { d.wake(); });
+  ChannelEntry* e = entry.get();
+
+  if (spec.initiate) {
+    std::vector<std::pair<std::size_t, UniqueFd>> fds;
+    for (std::size_t p = 0; p < nPaths; ++p) {
+      auto remote = parseHostPort(spec.peerAddresses[p]);
+      if (!remote) return remote.status();
+      for (int s = 0; s < d.options.streamsPerPath; ++s) {
+        auto fd = connectTo(remote.value(), d.localIps[p], deadline);
+        if (!fd) return fd.status().withContext(fmt::format("path {} to rank {}", p, spec.peerRank));
+        ConnectInfo info;
+        info.kind = ConnectionKind::kDataStream;
+        info.sessionId = spec.sessionId;
+        info.rank = spec.selfRank;
+        info.pathIndex = static_cast<std::uint16_t>(p);
+        info.streamIndex = static_cast<std::uint16_t>(s);
+        info.streamCount = static_cast<std::uint16_t>(d.options.streamsPerPath);
+        Status st = clientHandshake(fd->get(), d.options.secret, info, deadline);
+        if (!st.isOk()) return st.withContext(fmt::format("path {} to rank {}", p, spec.peerRank));
+        fds.emplace_back(p, std::move(fd.value()));
+      }
+    }
+    d.runOnProgress([&] {
+      for (auto& [p, fd] : fds) d.attachStream(*e, std::move(fd), p);
+      for (std::size_t p = 0; p < nPaths; ++p) e->expectedStreams[p] = d.options.streamsPerPath;
+      e->ready = true;
+      d.channels.push_back(std::move(entry));
+    });
+  } else {
+    d.runOnProgress([&] {
+      d.channels.push_back(std::move(entry));
+      d.claimStreams();
+    });
+    std::unique_lock lock(d.cmdMu);
+    if (!d.cmdCv.wait_until(lock, deadline, [&] { return e->ready; })) {
+      lock.unlock();
+      d.runOnProgress([&] { e->channel->fail(timeoutError("channel to rank {} never connected", spec.peerRank)); });
+      return timeoutError("rank {} did not connect all its streams before the deadline (session {:x})", spec.peerRank,
+                          spec.sessionId);
+    }
+  }
+  MLOG_DEBUG(kTransport, "channel to rank {} open over {} path(s)", spec.peerRank, nPaths);
+  return ChannelPtr(e->channel);
+}
+
+Status TcpDevice::cutPath(std::uint64_t sessionId, int peerRank, int pathIndex) {
+  Status result = invalidArgument("no channel to rank {} in session {:x} with path {}", peerRank, sessionId, pathIndex);
+  impl_->runOnProgress([&] {
+    for (auto& e : impl_->channels) {
+      if (e->sessionId == sessionId && e->peerRank == peerRank && pathIndex >= 0 &&
+          static_cast<std::size_t>(pathIndex) < e->streams.size()) {
+        impl_->failPath(*e, static_cast<std::size_t>(pathIndex), pathError("path {} cut on purpose", pathIndex), false);
+        result = Status::ok();
+      }
+    }
+  });
+  return result;
+}
+
+}  // namespace meridian::transport::tcp

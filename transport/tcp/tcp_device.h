@@ -1,0 +1,69 @@
+// TcpDevice: Meridian's TCP backend. One device owns a non-blocking epoll engine with one
+// named progress thread ("mer-tcp-<name>"), a listener on each local path address, and
+// every stream of every channel opened through it. A path to a peer is one or more TCP
+// streams (MERIDIAN_TCP_STREAMS); a channel stripes messages over all its paths
+// (transport/multipath). Every stream is authenticated with the job secret first.
+//
+// Threads: create/openChannel/destruction from any one set-up thread; channels' isend/irecv
+// from any thread; all socket I/O on the progress thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/status.h"
+#include "transport/channel.h"
+
+namespace meridian::transport::tcp {
+
+struct DeviceOptions {
+  // Local IPv4 addresses, one per path ("127.0.0.1", "127.0.0.2", or "198.18.1.2:0");
+  // an optional ":port" picks the listening port (default: the kernel chooses).
+  std::vector<std::string> localAddresses{"127.0.0.1"};
+  int streamsPerPath = 0;          // 0: MERIDIAN_TCP_STREAMS
+  int socketBufferBytes = 0;       // 0: MERIDIAN_TCP_SOCKBUF_BYTES
+  std::size_t chunkBytes = 0;      // 0: MERIDIAN_CHUNK_BYTES
+  int pathStallMs = 0;             // 0: MERIDIAN_PATH_STALL_MS
+  std::string secret;              // empty: loadJobSecret()
+  std::string name = "0";          // progress thread name suffix and metrics label
+};
+
+// How to open a channel: the lower rank initiates; the other side waits for its streams.
+struct ChannelSpec {
+  std::uint64_t sessionId = 0;              // identifies the communicator on both sides
+  int selfRank = 0;
+  int peerRank = 0;
+  bool initiate = false;                    // connect (true) or wait for the peer (false)
+  std::vector<std::string> peerAddresses;   // the peer's listenAddresses() (when initiating)
+};
+
+class TcpDevice {
+ public:
+  static Result<std::unique_ptr<TcpDevice>> create(DeviceOptions options);
+  ~TcpDevice();
+  TcpDevice(const TcpDevice&) = delete;
+  TcpDevice& operator=(const TcpDevice&) = delete;
+
+  // "ip:port" per path, in path order; publish these to peers.
+  const std::vector<std::string>& listenAddresses() const;
+
+  // Opens a channel to one peer; blocks until every stream of every path is connected
+  // and authenticated, or the deadline passes. Local path i connects to the peer's path
+  // i (paths beyond the shorter list are unused).
+  Result<ChannelPtr> openChannel(const ChannelSpec& spec, TimePoint deadline);
+
+  // Test seam: abruptly closes every stream of path `pathIndex` of the channel to
+  // `peerRank` in `sessionId` (as a cable pull would), on the progress thread.
+  Status cutPath(std::uint64_t sessionId, int peerRank, int pathIndex);
+
+  struct Impl;
+
+ private:
+  explicit TcpDevice(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace meridian::transport::tcp
