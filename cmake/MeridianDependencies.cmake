@@ -61,7 +61,9 @@ if(MERIDIAN_ENABLE_IBVERBS)
   endif()
 endif()
 
-find_package(MPI QUIET COMPONENTS CXX)  # libopenmpi-dev, for the side-by-side benchmark
+if(NOT MERIDIAN_FUZZ)
+  find_package(MPI QUIET COMPONENTS CXX)
+endif()  # libopenmpi-dev, for the side-by-side benchmark
 
 message(STATUS "Meridian: CUDA=${MERIDIAN_ENABLE_CUDA} libfabric=${MERIDIAN_ENABLE_LIBFABRIC} "
                "ibverbs=${MERIDIAN_ENABLE_IBVERBS} sanitize=${MERIDIAN_SANITIZE} MPI=${MPI_CXX_FOUND}")

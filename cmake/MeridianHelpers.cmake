@@ -2,7 +2,7 @@
 # test file. Layers may only link layers below them; tests/layering_test checks includes.
 
 set(MERIDIAN_WARNINGS -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wold-style-cast
-    -Wcast-align -Woverloaded-virtual -Wconversion -Wno-sign-conversion -Wnull-dereference
+    -Wcast-align -Woverloaded-virtual -Wconversion -Wno-sign-conversion
     -Wdouble-promotion -Wformat=2 -Wimplicit-fallthrough)
 
 function(meridian_target_defaults target)
