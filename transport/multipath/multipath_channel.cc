@@ -471,9 +471,10 @@ void MultipathChannel::matchReady(std::shared_ptr<InMessage> msg) {
     if (m->complete) finishIn(m);
     // Messages that waited for this one: the next in global order, and any whose
     // previous same-tag message this was.
-    for (auto& [seq, other] : incoming_) {
+    for (auto& entry : incoming_) {
+      const std::shared_ptr<InMessage>& other = entry.second;
       if (other->state != InState::kUnmatched || other.get() == m.get()) continue;
-      bool ready = seq == nextMatchSeq_ || (other->prevSameTag == m->seq && other->tag == m->tag);
+      bool ready = entry.first == nextMatchSeq_ || (other->prevSameTag == m->seq && other->tag == m->tag);
       if (ready && std::none_of(work.begin(), work.end(), [&](auto& w) { return w.get() == other.get(); })) {
         work.push_back(other);
       }
