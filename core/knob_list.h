@@ -12,9 +12,13 @@
   X(kSecretFile, "MERIDIAN_SECRET_FILE", String, "",                                               \
     "A file holding the job secret, used when MERIDIAN_SECRET is not set.")                        \
   X(kRank, "MERIDIAN_RANK", Int, "-1",                                                             \
-    "This process's rank; falls back to OpenMPI, Slurm or torchrun variables.")                    \
+    "This process's rank; falls back to OpenMPI, torchrun or Slurm variables.")                    \
   X(kWorldSize, "MERIDIAN_WORLD_SIZE", Int, "-1",                                                  \
-    "Number of ranks; falls back to OpenMPI, Slurm or torchrun variables.")                        \
+    "Number of ranks; falls back to OpenMPI, torchrun or Slurm variables.")                        \
+  X(kLocalRank, "MERIDIAN_LOCAL_RANK", Int, "-1",                                                  \
+    "This process's rank among the ranks on its host (with MERIDIAN_RANK; selects a GPU).")       \
+  X(kLocalWorldSize, "MERIDIAN_LOCAL_WORLD_SIZE", Int, "-1",                                       \
+    "How many ranks run on this host (with MERIDIAN_RANK).")                                        \
   X(kStore, "MERIDIAN_STORE", String, "",                                                          \
     "host:port of the bootstrap store hosted by rank 0; falls back to MASTER_ADDR/MASTER_PORT.")   \
   X(kPaths, "MERIDIAN_PATHS", String, "",                                                          \

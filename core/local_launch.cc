@@ -55,6 +55,8 @@ int launchLocalRanks(const LocalLaunchOptions& options) {
     if (pid == 0) {
       ::setenv("MERIDIAN_RANK", std::to_string(r).c_str(), 1);
       ::setenv("MERIDIAN_WORLD_SIZE", std::to_string(options.ranks).c_str(), 1);
+      ::setenv("MERIDIAN_LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("MERIDIAN_LOCAL_WORLD_SIZE", std::to_string(options.ranks).c_str(), 1);
       ::setenv("MERIDIAN_STORE", store.c_str(), 1);
       if (!secret.empty()) ::setenv("MERIDIAN_SECRET", secret.c_str(), 1);
       for (const auto& [k, v] : options.extraEnv) ::setenv(k.c_str(), v.c_str(), 1);
