@@ -2,6 +2,7 @@
 #   core <- kernels <- transport <- routing <- collectives <- trainer
 #   nccl_plugin uses transport+routing(+core); monitoring, lab, bench, tests are leaves or
 #   see only what is listed for them. Run: cmake -DROOT=<src> -P CheckLayering.cmake
+cmake_minimum_required(VERSION 3.25)
 set(allowed_core core)
 set(allowed_kernels core kernels)
 set(allowed_transport core transport)

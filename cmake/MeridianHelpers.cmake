@@ -37,10 +37,11 @@ function(meridian_add_executable name)
   meridian_target_defaults(${name})
 endfunction()
 
-# meridian_add_test(<name> SOURCES ... DEPS ... LABELS ... [TIMEOUT s])
-# One GoogleTest binary, registered with ctest under its labels.
+# meridian_add_test(<name> SOURCES ... DEPS ... LABELS ... [TIMEOUT s] [ARGS ...])
+# One GoogleTest binary, registered with ctest under its labels (ARGS go to the binary,
+# e.g. a --gtest_filter that leaves the slow cases to a second registration).
 function(meridian_add_test name)
-  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS;ARGS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
   meridian_target_defaults(${name})
@@ -50,7 +51,7 @@ function(meridian_add_test name)
   if(NOT ARG_LABELS)
     set(ARG_LABELS unit)
   endif()
-  add_test(NAME ${name} COMMAND ${name} --gtest_color=no)
+  add_test(NAME ${name} COMMAND ${name} --gtest_color=no ${ARG_ARGS})
   set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
                        ENVIRONMENT "MERIDIAN_SECRET=meridian-test-secret")
 endfunction()

@@ -2,10 +2,11 @@
 // (multipath). Sends and receives with the same tag match in posting order (FIFO per
 // peer and tag); a receive buffer may be larger than the message, never smaller.
 //
-// Thread safety: isend/irecv/close may be called from any thread; buffers must stay
+// Thread safety: isend/irecv may be called from any thread; buffers must stay
 // valid and untouched until the request is done. Errors that happen on the progress
 // thread (a path failing, the peer going away) surface on the requests and on the next
-// isend/irecv.
+// isend/irecv. A channel lives until its device is destroyed, which fails whatever is
+// still outstanding with kCommError.
 #pragma once
 
 #include <cstddef>

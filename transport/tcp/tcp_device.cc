@@ -314,10 +314,12 @@ void TcpDevice::Impl::claimStreams() {
         all = false;
       }
     }
-    if (all && !match->ready) {
-      match->ready = true;
+    if (all) {
       std::lock_guard lock(cmdMu);
-      cmdCv.notify_all();
+      if (!match->ready) {
+        match->ready = true;
+        cmdCv.notify_all();
+      }
     }
   }
 }
@@ -620,11 +622,12 @@ void TcpDevice::Impl::shutdownAll() {
     for (auto& path : e->streams) {
       for (auto& s : path) {
         if (s->dead) continue;
-        (void)setNonBlocking(s->fd.get(), false);
-        timeval tv{0, 200'000};
-        setsockopt(s->fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+        // Only between frames: finish pending control frames first; a data frame cut
+        // midway gets no CLOSE (the peer then sees an abrupt end, which is the truth).
         if (!s->writing || s->written == 0) {
-          (void)::send(s->fd.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL);
+          s->ctrl.insert(s->ctrl.end(), bytes.begin(), bytes.end());
+          (void)sendAll(s->fd.get(), s->ctrl.data() + s->ctrlDone, s->ctrl.size() - s->ctrlDone,
+                        Clock::now() + std::chrono::milliseconds(200));
         }
         ::shutdown(s->fd.get(), SHUT_WR);
       }

@@ -37,7 +37,8 @@ struct ChannelSpec {
   int selfRank = 0;
   int peerRank = 0;
   bool initiate = false;                    // connect (true) or wait for the peer (false)
-  std::vector<std::string> peerAddresses;   // the peer's listenAddresses() (when initiating)
+  std::vector<std::string> peerAddresses;   // the peer's listenAddresses(), on both sides: the
+                                            // initiator connects to them; both use their count
 };
 
 class TcpDevice {

@@ -1,0 +1,390 @@
+// Communicator: set-up over the store (addresses, session id, full mesh of channels),
+// the ordered op executor (inline or on the "mer-coll" worker), error stickiness and
+// transport abort, metrics. The ops themselves are in communicator_ops.cc.
+#include "collectives/communicator.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstring>
+#include <limits>
+#include <span>
+#include <string_view>
+#include <utility>
+
+#include "collectives/launch_env.h"
+#include "core/check.h"
+#include "core/fd.h"
+#include "core/knobs.h"
+#include "core/log.h"
+#include "core/metrics.h"
+#include "core/secret.h"
+#include "transport/tcp/tcp_device.h"
+
+namespace meridian::collectives {
+
+using kernels::DataType;
+using kernels::ReduceOp;
+
+namespace {
+
+
+constexpr std::array<const char*, static_cast<std::size_t>(Communicator::OpKind::kCount)> kOpNames{
+    "allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "barrier", "send", "recv"};
+
+// Payload size classes for the latency histogram.
+constexpr std::array<const char*, 4> kSizeClasses{"le_4KiB", "le_64KiB", "le_4MiB", "gt_4MiB"};
+std::size_t sizeClass(std::size_t bytes) {
+  if (bytes <= (std::size_t{4} << 10)) return 0;
+  if (bytes <= (std::size_t{64} << 10)) return 1;
+  if (bytes <= (std::size_t{4} << 20)) return 2;
+  return 3;
+}
+
+std::vector<std::string> splitCommaList(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    std::size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    std::string item = text.substr(start, end - start);
+    while (!item.empty() && item.front() == ' ') item.erase(item.begin());
+    while (!item.empty() && item.back() == ' ') item.pop_back();
+    if (!item.empty()) out.push_back(std::move(item));
+    start = end + 1;
+  }
+  return out;
+}
+
+std::string joinCommaList(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& s : items) {
+    if (!out.empty()) out += ',';
+    out += s;
+  }
+  return out;
+}
+
+// The local IPv4 address the kernel would use to reach host:port (no packet is sent).
+std::string localAddressToward(const std::string& hostPort) {
+  std::size_t colon = hostPort.rfind(':');
+  std::string host = colon == std::string::npos ? hostPort : hostPort.substr(0, colon);
+  const std::string port = colon == std::string::npos ? std::string() : hostPort.substr(colon + 1);
+  const char* service = port.empty() || port == "0" ? "1" : port.c_str();  // any port will do
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), service, &hints, &res) != 0 || res == nullptr) return "127.0.0.1";
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(res, &::freeaddrinfo);
+  UniqueFd fd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid() || ::connect(fd.get(), res->ai_addr, res->ai_addrlen) != 0) return "127.0.0.1";
+  sockaddr_in local{};
+  socklen_t len = sizeof(local);
+  if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &len) != 0) return "127.0.0.1";
+  std::array<char, INET_ADDRSTRLEN> buf{};
+  if (::inet_ntop(AF_INET, &local.sin_addr, buf.data(), buf.size()) == nullptr) return "127.0.0.1";
+  return buf.data();
+}
+
+bool isCollective(Communicator::OpKind k) {
+  return k != Communicator::OpKind::kSend && k != Communicator::OpKind::kRecv;
+}
+
+
+}  // namespace
+// ---- Metrics ------------------------------------------------------------------------
+
+struct Communicator::Metrics {
+  static constexpr std::size_t kOps = static_cast<std::size_t>(OpKind::kCount);
+  std::array<std::array<Histogram*, kSizeClasses.size()>, kOps> latency{};
+  std::array<Counter*, kOps> bytes{};
+  std::array<Counter*, kOps> errors{};
+
+  Metrics() {
+    auto& reg = MetricsRegistry::global();
+    for (std::size_t op = 0; op < kOps; ++op) {
+      for (std::size_t c = 0; c < kSizeClasses.size(); ++c) {
+        latency[op][c] = &reg.histogram("meridian_collectives_op_latency_seconds",
+                                        "Latency of communicator ops from start to completion, in seconds",
+                                        {{"op", kOpNames[op]}, {"size_class", kSizeClasses[c]}},
+                                        exponentialBuckets(1e-6, 4, 14));
+      }
+      bytes[op] = &reg.counter("meridian_collectives_op_bytes_total",
+                               "Payload bytes per rank of finished communicator ops", {{"op", kOpNames[op]}});
+      errors[op] = &reg.counter("meridian_collectives_op_errors_total", "Communicator ops that failed",
+                                {{"op", kOpNames[op]}});
+    }
+  }
+};
+
+struct Communicator::Owned {
+  std::unique_ptr<StoreServer> server;
+  std::unique_ptr<Store> store;
+};
+
+// ---- Set-up -------------------------------------------------------------------------
+
+Communicator::Communicator(int rank, int worldSize, const CommOptions& resolved)
+    : rank_(rank),
+      size_(worldSize),
+      timeout_(resolved.timeout),
+      smallBytes_(resolved.smallMessageBytes),
+      segmentBytes_(resolved.ringSegmentBytes),
+      metrics_(std::make_unique<Metrics>()) {}
+
+Result<std::unique_ptr<Communicator>> Communicator::create(Store& store, int rank, int worldSize,
+                                                           const CommOptions& options) {
+  if (worldSize < 1 || rank < 0 || rank >= worldSize) {
+    return invalidArgument("rank {} / world size {} out of range", rank, worldSize);
+  }
+  CommOptions opts = options;
+  if (opts.localAddresses.empty()) opts.localAddresses = splitCommaList(knobString(knobs::kPaths));
+  if (opts.localAddresses.empty()) opts.localAddresses = {"127.0.0.1"};
+  if (opts.timeout.count() <= 0) {
+    opts.timeout = std::chrono::milliseconds(knobInt(knobs::kTimeoutMs, 1, std::numeric_limits<std::int32_t>::max()));
+  }
+  if (opts.smallMessageBytes == 0) {
+    opts.smallMessageBytes = static_cast<std::size_t>(knobInt(knobs::kSmallAllreduceBytes, 0, std::int64_t{1} << 40));
+  }
+  if (opts.ringSegmentBytes == 0) {
+    opts.ringSegmentBytes = static_cast<std::size_t>(knobInt(knobs::kRingSegmentBytes, 1, std::int64_t{1} << 34));
+  }
+  log::setRank(rank);
+  const TimePoint deadline = Clock::now() + opts.timeout;
+
+  std::unique_ptr<Communicator> comm(new Communicator(rank, worldSize, opts));
+
+  transport::tcp::DeviceOptions dev;
+  dev.localAddresses = opts.localAddresses;
+  dev.streamsPerPath = opts.streamsPerPath;
+  dev.secret = opts.secret;
+  dev.name = std::to_string(rank);
+  MERIDIAN_ASSIGN_OR_RETURN(comm->device_, transport::tcp::TcpDevice::create(std::move(dev)));
+
+  // Communicators created in the same order on every rank get the same generation.
+  MERIDIAN_ASSIGN_OR_RETURN(std::int64_t ticket, store.add(opts.storePrefix + "/generation", 1));
+  const std::string base = fmt::format("{}/{}", opts.storePrefix, (ticket - 1) / worldSize);
+
+  // Rank 0 picks the session id that tags every channel of this communicator.
+  const std::string sessionKey = base + "/session";
+  std::array<std::uint8_t, 8> sessionBytes{};
+  if (rank == 0) {
+    do {
+      randomBytes(sessionBytes);
+      std::memcpy(&comm->sessionId_, sessionBytes.data(), sizeof(comm->sessionId_));
+    } while (comm->sessionId_ == 0);
+    MERIDIAN_RETURN_IF_ERROR(store.set(sessionKey, sessionBytes));
+  } else {
+    MERIDIAN_ASSIGN_OR_RETURN(std::vector<std::uint8_t> v, store.get(sessionKey, deadline));
+    if (v.size() != sessionBytes.size()) return peerError("store key {} holds {} bytes, not 8", sessionKey, v.size());
+    std::memcpy(&comm->sessionId_, v.data(), sizeof(comm->sessionId_));
+  }
+
+  const std::string mine = joinCommaList(comm->device_->listenAddresses());
+  MERIDIAN_ASSIGN_OR_RETURN(
+      auto blobs, storeAllGather(store, base + "/addr", rank, worldSize,
+                                 std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(mine.data()),
+                                                               mine.size()),
+                                 deadline));
+
+  // Full mesh: connect to every higher rank, then take the lower ranks' connections.
+  comm->channels_.resize(static_cast<std::size_t>(worldSize));
+  auto open = [&](int peer, bool initiate) -> Status {
+    transport::tcp::ChannelSpec spec;
+    spec.sessionId = comm->sessionId_;
+    spec.selfRank = rank;
+    spec.peerRank = peer;
+    spec.initiate = initiate;
+    // Both sides pass the peer's addresses: the path count is min(ours, theirs).
+    const auto& blob = blobs[static_cast<std::size_t>(peer)];
+    spec.peerAddresses = splitCommaList(std::string(blob.begin(), blob.end()));
+    auto ch = comm->device_->openChannel(spec, deadline);
+    if (!ch.isOk()) return ch.status().withContext(fmt::format("rank {}: channel to rank {}", rank, peer));
+    comm->channels_[static_cast<std::size_t>(peer)] = std::move(ch).value();
+    return Status::ok();
+  };
+  for (int peer = rank + 1; peer < worldSize; ++peer) MERIDIAN_RETURN_IF_ERROR(open(peer, true));
+  for (int peer = 0; peer < rank; ++peer) MERIDIAN_RETURN_IF_ERROR(open(peer, false));
+
+  comm->worker_ = std::thread([c = comm.get()] { c->workerLoop(); });
+  MLOG_INFO(kCollectives, "communicator up: rank {} of {}, session {:016x}, paths {}", rank, worldSize,
+            comm->sessionId_, mine);
+  return comm;
+}
+
+Result<std::unique_ptr<Communicator>> Communicator::createFromEnvironment(const CommOptions& options) {
+  MERIDIAN_ASSIGN_OR_RETURN(LaunchInfo info, detectLaunch());
+  log::setRank(info.rank);
+  CommOptions opts = options;
+  if (opts.timeout.count() <= 0) {
+    opts.timeout = std::chrono::milliseconds(knobInt(knobs::kTimeoutMs, 1, std::numeric_limits<std::int32_t>::max()));
+  }
+  if (opts.localAddresses.empty()) opts.localAddresses = splitCommaList(knobString(knobs::kPaths));
+  if (opts.localAddresses.empty()) opts.localAddresses = {localAddressToward(info.storeAddress)};
+  auto owned = std::make_unique<Owned>();
+  const std::string secret = opts.secret.empty() ? loadJobSecret() : opts.secret;
+  MERIDIAN_ASSIGN_OR_RETURN(owned->store,
+                            rendezvous(info, secret, Clock::now() + opts.timeout, &owned->server));
+  MERIDIAN_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
+                            create(*owned->store, info.rank, info.worldSize, opts));
+  comm->owned_ = std::move(owned);
+  return comm;
+}
+
+Communicator::~Communicator() {
+  std::deque<Op> abandoned;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    abandoned.swap(queue_);
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  for (auto& op : abandoned) {
+    op.work->complete(commError("communicator destroyed before op {} ran", op.work->sequence()));
+  }
+  abortTransport(commError("communicator destroyed"));
+}
+
+void Communicator::abortTransport(const Status& why) {
+  device_.reset();  // joins the progress thread: nothing touches a buffer after this
+  channels_.assign(channels_.size(), nullptr);
+  for (auto& req : opRequests_.takeUnfinished()) req->complete(why, 0);
+  for (auto& req : deferred_) req->complete(why, 0);  // ignored by the finished ones
+  deferred_.clear();
+}
+
+// ---- Executor -----------------------------------------------------------------------
+
+Status Communicator::health() const { return brokenStatus(); }
+
+Status Communicator::brokenStatus() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken_.isOk()) return Status::ok();
+  return commError("communicator broken: {}", broken_.toString());
+}
+
+void Communicator::markBroken(const Status& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken_.isOk()) {
+    broken_ = reason;
+    MLOG_ERROR(kCollectives, "rank {}: communicator broken: {}", rank_, reason.toString());
+  }
+}
+
+Status Communicator::checkPeer(int peer) const {
+  if (peer < 0 || peer >= size_ || peer == rank_) {
+    return invalidArgument("peer {} is not another rank of this communicator (rank {} of {})", peer, rank_, size_);
+  }
+  return Status::ok();
+}
+
+Communicator::WorkPtr Communicator::submit(OpKind kind, DataType dtype, std::size_t bytes, Body body,
+                                           Status invalid) {
+  std::shared_ptr<Work> work;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    work = std::make_shared<Work>(nextWorkSeq_++);
+    // A collective rejected here still uses up its sequence number: when only some ranks
+    // rejected it, the others' copy times out instead of matching this rank's next op.
+    if (!invalid.isOk() && isCollective(kind)) ++nextCollSeq_;
+    if (invalid.isOk() && broken_.isOk()) {
+      Op op{kind, dtype, bytes, isCollective(kind) ? nextCollSeq_++ : 0, std::move(body), work};
+      queue_.push_back(std::move(op));
+      cv_.notify_all();
+      return work;
+    }
+  }
+  work->complete(invalid.isOk() ? brokenStatus() : std::move(invalid));
+  return work;
+}
+
+Status Communicator::runSync(OpKind kind, DataType dtype, std::size_t bytes, Body body, Status invalid) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!invalid.isOk()) {
+    if (isCollective(kind)) ++nextCollSeq_;  // as in submit()
+    return invalid;
+  }
+  if (!broken_.isOk()) {
+    lock.unlock();
+    return brokenStatus();
+  }
+  auto work = std::make_shared<Work>(nextWorkSeq_++);
+  Op op{kind, dtype, bytes, isCollective(kind) ? nextCollSeq_++ : 0, std::move(body), work};
+  if (queue_.empty() && !running_) {
+    running_ = true;
+    lock.unlock();
+    execute(op);  // inline: nothing ahead of us
+    lock.lock();
+    running_ = false;
+    if (!queue_.empty()) cv_.notify_all();
+    lock.unlock();
+  } else {
+    queue_.push_back(std::move(op));
+    cv_.notify_all();
+    lock.unlock();
+  }
+  return work->wait();
+}
+
+void Communicator::workerLoop() {
+  pthread_setname_np(pthread_self(), "mer-coll");
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stopping_ || (!queue_.empty() && !running_); });
+    if (stopping_) return;  // the destructor fails whatever is still queued
+    Op op = std::move(queue_.front());
+    queue_.pop_front();
+    running_ = true;
+    lock.unlock();
+    execute(op);
+    lock.lock();
+    running_ = false;
+  }
+}
+
+void Communicator::execute(Op& op) {
+  Status st = brokenStatus();
+  const TimePoint start = Clock::now();
+  if (st.isOk()) {
+    AlgoContext ctx;
+    ctx.rank = rank_;
+    ctx.size = size_;
+    ctx.channels = channels_;
+    ctx.dtype = op.dtype;
+    ctx.elemBytes = kernels::dataTypeSize(op.dtype);
+    ctx.tagBase = op.collSeq * kPhasesPerOp;
+    ctx.deadline = start + timeout_;
+    ctx.scratch = &scratch_;
+    ctx.tracker = &opRequests_;
+    ctx.segmentBytes = segmentBytes_;
+    std::erase_if(deferred_, [](const transport::RequestPtr& r) { return r->done(); });
+    try {
+      st = op.body(ctx, *op.work);
+    } catch (const std::exception& e) {
+      st = internalError("{} threw: {}", kOpNames[static_cast<std::size_t>(op.kind)], e.what());
+    }
+    if (!st.isOk() && st.code() != StatusCode::kInvalidArgument) {
+      markBroken(st);
+      abortTransport(commError("communicator broken: {}", st.toString()));
+    } else if (!isCollective(op.kind)) {
+      for (auto& req : opRequests_.takeUnfinished()) deferred_.push_back(std::move(req));
+    }
+    opRequests_.clear();
+  }
+  const auto k = static_cast<std::size_t>(op.kind);
+  if (st.isOk()) {
+    metrics_->latency[k][sizeClass(op.bytes)]->observe(std::chrono::duration<double>(Clock::now() - start).count());
+    metrics_->bytes[k]->add(op.bytes);
+  } else {
+    metrics_->errors[k]->add();
+  }
+  op.work->complete(std::move(st));
+}
+
+}  // namespace meridian::collectives

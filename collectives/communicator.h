@@ -1,0 +1,194 @@
+// Communicator: a group of ranks connected in a full mesh of transport channels, and the
+// collectives over it (allreduce, reduce-scatter, allgather, broadcast, reduce, barrier,
+// send/recv), each synchronous and asynchronous.
+//
+// Ownership and threads: one Communicator per rank, owned by the caller. It owns its
+// TcpDevice (one progress thread), the channels, its scratch memory and one worker
+// thread ("mer-coll"). Ops run strictly in issue order, one at a time: an async call
+// queues the op for the worker and returns a Work; a sync call runs the op inline on the
+// caller's thread when nothing is queued or running, else queues it and waits. Any thread
+// may issue ops, but every rank must issue the same collectives in the same order (as
+// with NCCL/MPI). Counts are in elements; buffers must stay valid and untouched until the
+// op finished (Work::wait returned something other than kTimeout).
+//
+// Errors: an op returns the transport's Status (path errors are retried inside the
+// transport). Any failure after an op started talking to peers (peer error, timeout,
+// ranks disagreeing about an op) marks the communicator broken: later ops fail at once
+// with kCommError carrying the original reason, and the communicator stops its transport
+// at once (pending requests fail, peers see the failure, no buffer is touched after the
+// failed op returned). Argument errors (kInvalidArgument) are found before anything is
+// sent and leave the communicator usable (a collective rejected on some ranks only still
+// fails on the others, by timeout).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/algorithms/algorithm.h"
+#include "collectives/store.h"
+#include "collectives/work.h"
+#include "core/clock.h"
+#include "core/status.h"
+#include "kernels/types.h"
+#include "transport/channel.h"
+
+namespace meridian::transport::tcp {
+class TcpDevice;
+}
+
+namespace meridian::collectives {
+
+struct CommOptions {
+  // Local IPv4 addresses, one per network path. Empty: MERIDIAN_PATHS, else 127.0.0.1
+  // (createFromEnvironment: else the address that reaches the store).
+  std::vector<std::string> localAddresses;
+  int streamsPerPath = 0;                   // 0: MERIDIAN_TCP_STREAMS
+  std::chrono::milliseconds timeout{0};     // set-up and per-op deadline; 0: MERIDIAN_TIMEOUT_MS
+  std::size_t smallMessageBytes = 0;        // <= this: latency algorithms; 0: MERIDIAN_SMALL_ALLREDUCE_BYTES
+  std::size_t ringSegmentBytes = 0;         // ring/chain pipelining segment; 0: MERIDIAN_RING_SEGMENT_BYTES
+  std::string secret;                       // empty: the job secret (MERIDIAN_SECRET / _FILE)
+  // Store keys of this communicator live under this prefix; communicators created in the
+  // same order on every rank may share a store and a prefix.
+  std::string storePrefix = "meridian/comm";
+};
+
+class Communicator {
+ public:
+  using DataType = kernels::DataType;
+  using ReduceOp = kernels::ReduceOp;
+  using WorkPtr = std::shared_ptr<Work>;
+
+  // Connects `worldSize` ranks through `store` (used only during create). Blocks until
+  // every channel is up or the timeout passed. Throws ConfigError on a malformed knob.
+  static Result<std::unique_ptr<Communicator>> create(Store& store, int rank, int worldSize,
+                                                      const CommOptions& options = {});
+  // Rank, world size and store from the environment (detectLaunch + rendezvous); the
+  // store (and on rank 0 its server) live as long as the communicator.
+  static Result<std::unique_ptr<Communicator>> createFromEnvironment(const CommOptions& options = {});
+
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  std::uint64_t sessionId() const { return sessionId_; }
+  // ok while usable; the reason once broken.
+  Status health() const;
+
+  // recv[i] = op over ranks of send[i]; send == recv is in place.
+  Status allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op);
+  WorkPtr allreduceAsync(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op);
+  // send holds recvCount * size() elements; rank r receives block r reduced. In place:
+  // recv == send + rank * recvCount elements.
+  Status reduceScatter(const void* send, void* recv, std::size_t recvCount, DataType dtype, ReduceOp op);
+  WorkPtr reduceScatterAsync(const void* send, void* recv, std::size_t recvCount, DataType dtype, ReduceOp op);
+  // recv holds sendCount * size() elements, rank r's at block r. In place: send == recv +
+  // rank * sendCount elements.
+  Status allgather(const void* send, void* recv, std::size_t sendCount, DataType dtype);
+  WorkPtr allgatherAsync(const void* send, void* recv, std::size_t sendCount, DataType dtype);
+  // Root's send is copied into every rank's recv (send is read on root only).
+  Status broadcast(const void* send, void* recv, std::size_t count, DataType dtype, int root);
+  WorkPtr broadcastAsync(const void* send, void* recv, std::size_t count, DataType dtype, int root);
+  // The reduction lands in root's recv; other ranks' recv is not used (may be null).
+  Status reduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op, int root);
+  WorkPtr reduceAsync(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op, int root);
+  Status barrier();
+  WorkPtr barrierAsync();
+  // Point to point; messages between two ranks with the same tag match in order. Not
+  // collectives: they do not advance the collective sequence. An async send/recv is
+  // posted in issue order and completes when the transport finishes it, without holding
+  // up later ops. tag < 2^32.
+  Status send(const void* buf, std::size_t count, DataType dtype, int peer, std::uint32_t tag = 0);
+  WorkPtr sendAsync(const void* buf, std::size_t count, DataType dtype, int peer, std::uint32_t tag = 0);
+  Status recv(void* buf, std::size_t count, DataType dtype, int peer, std::uint32_t tag = 0);
+  WorkPtr recvAsync(void* buf, std::size_t count, DataType dtype, int peer, std::uint32_t tag = 0);
+
+  // Figures the algorithm choice uses (after knob resolution).
+  std::size_t smallMessageBytes() const { return smallBytes_; }
+  std::size_t ringSegmentBytes() const { return segmentBytes_; }
+
+  enum class OpKind : std::uint8_t {
+    kAllreduce, kReduceScatter, kAllgather, kBroadcast, kReduce, kBarrier, kSend, kRecv, kCount
+  };
+
+ private:
+  using Body = std::function<Status(const AlgoContext&, Work&)>;
+  struct Op {
+    OpKind kind = OpKind::kBarrier;
+    DataType dtype = DataType::kF32;
+    std::size_t bytes = 0;              // payload per rank, for metrics
+    std::uint64_t collSeq = 0;          // tag space of collectives
+    Body body;
+    std::shared_ptr<Work> work;
+  };
+  struct Metrics;
+  struct Owned;  // store / server kept alive for createFromEnvironment
+
+  Communicator(int rank, int worldSize, const CommOptions& resolved);
+
+  // Assigns sequence numbers and queues the op (async), or runs it inline / queues it and
+  // waits (sync). A non-ok `invalid` fails the op at once without sending anything.
+  WorkPtr submit(OpKind kind, DataType dtype, std::size_t bytes, Body body, Status invalid);
+  Status runSync(OpKind kind, DataType dtype, std::size_t bytes, Body body, Status invalid);
+  void execute(Op& op);
+  void workerLoop();
+  void markBroken(const Status& reason);
+  // After a failed op: stops the transport (no request touches a buffer any more, and the
+  // peers see the failure at once) and completes every request still pending with `why`.
+  void abortTransport(const Status& why);
+  Status brokenStatus() const;
+
+  static std::size_t bytesOf(std::size_t count, DataType dtype) { return count * kernels::dataTypeSize(dtype); }
+  Status checkPeer(int peer) const;
+  Status rootArgs(int root, const char* what) const;
+  Status reduceScatterArgs(const void* send, const void* recv, std::size_t recvCount, DataType dtype,
+                           ReduceOp op) const;
+  Status allgatherArgs(const void* send, const void* recv, std::size_t sendCount, DataType dtype) const;
+  Status broadcastArgs(const void* send, const void* recv, std::size_t count, DataType dtype, int root) const;
+  Status reduceArgs(const void* send, const void* recv, std::size_t count, DataType dtype, ReduceOp op,
+                    int root) const;
+  Status p2pArgs(const void* buf, std::size_t count, DataType dtype, int peer) const;
+  Body allreduceBody(const void* send, void* recv, std::size_t count, ReduceOp op);
+  Body reduceScatterBody(const void* send, void* recv, std::size_t recvCount, ReduceOp op);
+  Body broadcastBody(const void* send, void* recv, std::size_t count, int root);
+  Body reduceBody(const void* send, void* recv, std::size_t count, ReduceOp op, int root);
+  Body p2pBody(bool isSend, void* buf, std::size_t bytes, int peer, std::uint32_t tag, bool sync);
+
+  const int rank_;
+  const int size_;
+  std::uint64_t sessionId_ = 0;
+  std::chrono::milliseconds timeout_;
+  std::size_t smallBytes_;
+  std::size_t segmentBytes_;
+
+  std::unique_ptr<Owned> owned_;
+  ScratchArena scratch_;  // declared before the device: freed after every channel closed
+  std::unique_ptr<transport::tcp::TcpDevice> device_;
+  std::vector<transport::ChannelPtr> channels_;  // [rank]; [rank_] is null; cleared on abort
+  // Touched only by the thread executing an op (or the destructor after the worker quit).
+  RequestTracker opRequests_;                    // the current op's requests
+  std::vector<transport::RequestPtr> deferred_;  // async send/recv requests still pending
+  std::unique_ptr<Metrics> metrics_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Op> queue_;
+  bool running_ = false;          // an op is executing (worker or inline)
+  bool stopping_ = false;
+  std::uint64_t nextWorkSeq_ = 0;  // every op
+  std::uint64_t nextCollSeq_ = 0;  // collectives only (same on every rank)
+  Status broken_;                  // sticky, guarded by mu_
+  std::thread worker_;
+};
+
+}  // namespace meridian::collectives

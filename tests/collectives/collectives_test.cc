@@ -1,0 +1,436 @@
+// Collectives over real TCP with ranks as threads (tests/common/rank_harness.h): every op,
+// rank counts 1, 2, 3 and 7, sizes 0, 1, odd and ~1 MiB, all element types, in place and
+// out of place, sync and async, each checked against a serial reference. Most runs use a
+// 4 KiB ring segment so the multi-segment pipelining runs on small data.
+#include <atomic>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "collectives/communicator.h"
+#include "core/metrics.h"
+#include "kernels/types.h"
+#include "tests/common/collective_checks.h"
+#include "tests/common/rank_harness.h"
+
+namespace meridian::testing {
+namespace {
+
+using collectives::CommOptions;
+
+constexpr std::size_t kTinySegmentBytes = 4096;
+
+// Harnesses are expensive to build (n^2 connections); tests share them per configuration.
+struct HarnessKey {
+  int ranks;
+  std::size_t segmentBytes;
+  std::size_t smallBytes;
+  auto operator<=>(const HarnessKey&) const = default;
+};
+
+std::map<HarnessKey, std::unique_ptr<RankHarness>>& harnessCache() {
+  static std::map<HarnessKey, std::unique_ptr<RankHarness>> cache;
+  return cache;
+}
+
+RankHarness* harnessFor(int ranks, std::size_t segmentBytes = kTinySegmentBytes, std::size_t smallBytes = 0) {
+  auto& cache = harnessCache();
+  HarnessKey key{ranks, segmentBytes, smallBytes};
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second.get();
+  CommOptions opts;
+  opts.ringSegmentBytes = segmentBytes;
+  opts.smallMessageBytes = smallBytes;
+  opts.timeout = std::chrono::seconds(60);
+  auto h = RankHarness::start(ranks, opts);
+  if (!h.isOk()) {
+    ADD_FAILURE() << "harness with " << ranks << " ranks: " << h.status().toString();
+    return nullptr;
+  }
+  return cache.emplace(key, std::move(h).value()).first->second.get();
+}
+
+// Every test suite drops the shared harnesses when it ends.
+class CollectivesTest : public ::testing::Test {
+ public:
+  static void TearDownTestSuite() { harnessCache().clear(); }
+};
+
+#define RUN_ON_ALL_RANKS(harness, fn)                                   \
+  do {                                                                  \
+    RankHarness* _h = (harness);                                        \
+    ASSERT_NE(_h, nullptr);                                             \
+    std::string _failures = RankHarness::summarize(_h->run(fn));        \
+    EXPECT_TRUE(_failures.empty()) << _failures;                        \
+  } while (0)
+
+enum class CountKind { kZero, kOne, kOdd, kLarge };
+
+std::size_t countFor(CountKind k, DataType t) {
+  switch (k) {
+    case CountKind::kZero: return 0;
+    case CountKind::kOne: return 1;
+    case CountKind::kOdd: return 1023;
+    case CountKind::kLarge: return largeCount(t);
+  }
+  return 0;
+}
+
+const char* countName(CountKind k) {
+  switch (k) {
+    case CountKind::kZero: return "zero";
+    case CountKind::kOne: return "one";
+    case CountKind::kOdd: return "odd1023";
+    case CountKind::kLarge: return "large";
+  }
+  return "?";
+}
+
+// ---- Allreduce: ranks x counts x types, every op, in place and out of place -------------
+
+using AllreduceParam = std::tuple<int, CountKind, DataType>;
+
+class AllreduceTest : public ::testing::TestWithParam<AllreduceParam> {
+ public:
+  static void TearDownTestSuite() { harnessCache().clear(); }
+};
+
+TEST_P(AllreduceTest, MatchesSerialReferenceForEveryOp) {
+  const auto [ranks, countKind, type] = GetParam();
+  const std::size_t count = countFor(countKind, type);
+  RUN_ON_ALL_RANKS(harnessFor(ranks), [&](int, collectives::Communicator& c) -> std::string {
+    bool inPlace = false;
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg}) {
+      if (auto e = checkAllreduce(c, count, type, op, inPlace); !e.empty()) return e;
+      inPlace = !inPlace;
+    }
+    return checkAllreduce(c, count, type, ReduceOp::kSum, true, 7);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Grid, AllreduceTest,
+    ::testing::Combine(::testing::Values(1, 2, 3, 7),
+                       ::testing::Values(CountKind::kZero, CountKind::kOne, CountKind::kOdd, CountKind::kLarge),
+                       ::testing::Values(DataType::kF32, DataType::kF64, DataType::kF16, DataType::kBF16,
+                                         DataType::kI32, DataType::kI64)),
+    [](const ::testing::TestParamInfo<AllreduceParam>& p) {
+      return fmt::format("r{}_{}_{}", std::get<0>(p.param), countName(std::get<1>(p.param)),
+                         kernels::toString(std::get<2>(p.param)));
+    });
+
+// ---- The other collectives over a representative subset -----------------------------
+
+using SubsetParam = std::tuple<int, CountKind, DataType>;
+
+class OtherCollectivesTest : public ::testing::TestWithParam<SubsetParam> {
+ public:
+  static void TearDownTestSuite() { harnessCache().clear(); }
+};
+
+TEST_P(OtherCollectivesTest, ReduceScatterMatchesReference) {
+  const auto [ranks, countKind, type] = GetParam();
+  const std::size_t count = countFor(countKind, type) / static_cast<std::size_t>(ranks) +
+                            (countKind == CountKind::kZero ? 0 : 1);
+  RUN_ON_ALL_RANKS(harnessFor(ranks), [&](int, collectives::Communicator& c) -> std::string {
+    if (auto e = checkReduceScatter(c, count, type, ReduceOp::kSum, false); !e.empty()) return e;
+    if (auto e = checkReduceScatter(c, count, type, ReduceOp::kMax, true); !e.empty()) return e;
+    return checkReduceScatter(c, count, type, ReduceOp::kAvg, false);
+  });
+}
+
+TEST_P(OtherCollectivesTest, AllgatherMatchesReference) {
+  const auto [ranks, countKind, type] = GetParam();
+  const std::size_t count = countFor(countKind, type) / static_cast<std::size_t>(ranks) +
+                            (countKind == CountKind::kZero ? 0 : 1);
+  RUN_ON_ALL_RANKS(harnessFor(ranks), [&](int, collectives::Communicator& c) -> std::string {
+    if (auto e = checkAllgather(c, count, type, false); !e.empty()) return e;
+    return checkAllgather(c, count, type, true);
+  });
+}
+
+TEST_P(OtherCollectivesTest, BroadcastFromFirstAndLastRoot) {
+  const auto [ranks, countKind, type] = GetParam();
+  const std::size_t count = countFor(countKind, type);
+  RUN_ON_ALL_RANKS(harnessFor(ranks), [&](int, collectives::Communicator& c) -> std::string {
+    if (auto e = checkBroadcast(c, count, type, 0, false); !e.empty()) return e;
+    return checkBroadcast(c, count, type, c.size() - 1, true);
+  });
+}
+
+TEST_P(OtherCollectivesTest, ReduceToFirstAndLastRoot) {
+  const auto [ranks, countKind, type] = GetParam();
+  const std::size_t count = countFor(countKind, type);
+  RUN_ON_ALL_RANKS(harnessFor(ranks), [&](int, collectives::Communicator& c) -> std::string {
+    if (auto e = checkReduce(c, count, type, ReduceOp::kSum, 0, false); !e.empty()) return e;
+    if (auto e = checkReduce(c, count, type, ReduceOp::kAvg, c.size() - 1, true); !e.empty()) return e;
+    return checkReduce(c, count, type, ReduceOp::kMin, c.size() / 2, false);
+  });
+}
+
+TEST_P(OtherCollectivesTest, SendRecvAndAsyncBatch) {
+  const auto [ranks, countKind, type] = GetParam();
+  const std::size_t count = countFor(countKind, type);
+  RUN_ON_ALL_RANKS(harnessFor(ranks), [&](int, collectives::Communicator& c) -> std::string {
+    if (auto e = checkSendRecv(c, count, type); !e.empty()) return e;
+    return checkAsyncBatch(c, countKind == CountKind::kLarge ? count / 4 : count, type);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Subset, OtherCollectivesTest,
+    ::testing::Combine(::testing::Values(1, 2, 3, 7),
+                       ::testing::Values(CountKind::kZero, CountKind::kOne, CountKind::kOdd, CountKind::kLarge),
+                       ::testing::Values(DataType::kF32, DataType::kBF16, DataType::kI64)),
+    [](const ::testing::TestParamInfo<SubsetParam>& p) {
+      return fmt::format("r{}_{}_{}", std::get<0>(p.param), countName(std::get<1>(p.param)),
+                         kernels::toString(std::get<2>(p.param)));
+    });
+
+// ---- Algorithm choice: force each algorithm on each size ------------------------------
+
+class AlgorithmChoiceTest : public CollectivesTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(AlgorithmChoiceTest, RingOnTinyMessagesWithEmptyBlocks) {
+  // smallMessageBytes = 1: everything but 1-byte messages takes the ring / chain / ring
+  // reduce, so counts below the rank count leave blocks empty.
+  RUN_ON_ALL_RANKS(harnessFor(GetParam(), kTinySegmentBytes, 1), [&](int, collectives::Communicator& c) -> std::string {
+    for (std::size_t count : {std::size_t{1}, std::size_t{2}, std::size_t{5}, std::size_t{1023}}) {
+      if (auto e = checkAllreduce(c, count, DataType::kF32, ReduceOp::kSum, false); !e.empty()) return e;
+      if (auto e = checkAllreduce(c, count, DataType::kF16, ReduceOp::kMax, true); !e.empty()) return e;
+      if (auto e = checkBroadcast(c, count, DataType::kI32, c.size() - 1, false); !e.empty()) return e;
+      if (auto e = checkReduce(c, count, DataType::kBF16, ReduceOp::kSum, 0, false); !e.empty()) return e;
+      if (auto e = checkReduce(c, count, DataType::kI64, ReduceOp::kProd, c.size() - 1, true); !e.empty()) return e;
+    }
+    return std::string();
+  });
+}
+
+TEST_P(AlgorithmChoiceTest, LatencyAlgorithmsOnLargeMessages) {
+  // A huge threshold: recursive doubling, binomial broadcast and binomial reduce on 1 MiB.
+  RUN_ON_ALL_RANKS(harnessFor(GetParam(), kTinySegmentBytes, std::size_t{1} << 30),
+                   [&](int, collectives::Communicator& c) -> std::string {
+                     const std::size_t count = largeCount(DataType::kF32);
+                     if (auto e = checkAllreduce(c, count, DataType::kF32, ReduceOp::kSum, false); !e.empty()) return e;
+                     if (auto e = checkAllreduce(c, count, DataType::kI32, ReduceOp::kAvg, true); !e.empty()) return e;
+                     if (auto e = checkBroadcast(c, count, DataType::kF32, 1 % c.size(), false); !e.empty()) return e;
+                     return checkReduce(c, count, DataType::kF32, ReduceOp::kSum, c.size() - 1, false);
+                   });
+}
+
+TEST_P(AlgorithmChoiceTest, DefaultSegmentSize) {
+  RUN_ON_ALL_RANKS(harnessFor(GetParam(), 0, 0), [&](int, collectives::Communicator& c) -> std::string {
+    const std::size_t count = largeCount(DataType::kF32) * 3;
+    if (auto e = checkAllreduce(c, count, DataType::kF32, ReduceOp::kSum, false); !e.empty()) return e;
+    if (auto e = checkReduceScatter(c, count / c.size(), DataType::kF32, ReduceOp::kSum, true); !e.empty()) return e;
+    if (auto e = checkAllgather(c, count / c.size(), DataType::kF32, false); !e.empty()) return e;
+    return checkBroadcast(c, count, DataType::kF32, 0, false);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, AlgorithmChoiceTest, ::testing::Values(2, 3, 7),
+                         [](const ::testing::TestParamInfo<int>& p) { return fmt::format("r{}", p.param); });
+
+// ---- Ordering, barrier, errors --------------------------------------------------------
+
+TEST_F(CollectivesTest, BarrierHoldsEveryRankUntilAllArrive) {
+  for (int ranks : {1, 2, 3, 7}) {
+    std::atomic<int> arrived{0};
+    RUN_ON_ALL_RANKS(harnessFor(ranks), [&](int rank, collectives::Communicator& c) -> std::string {
+      for (int round = 0; round < 5; ++round) {
+        if (rank == round % ranks) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        arrived.fetch_add(1);
+        Status st = c.barrier();
+        if (!st.isOk()) return statusFailure("barrier", st);
+        const int seen = arrived.load();
+        if (seen < (round + 1) * ranks) {
+          return fmt::format("round {}: left the barrier after {} arrivals, expected {}", round, seen,
+                             (round + 1) * ranks);
+        }
+        // Nobody may start the next round's increment before everyone checked this one.
+        st = c.barrier();
+        if (!st.isOk()) return statusFailure("barrier", st);
+      }
+      return checkBarrier(c, 3);
+    });
+  }
+}
+
+TEST_F(CollectivesTest, SyncCallQueuesBehindPendingAsyncOps) {
+  // An async allreduce, then a sync one right behind it: the sync call must queue behind
+  // the async op (not run inline ahead of it) and finish after it.
+  RUN_ON_ALL_RANKS(harnessFor(3), [&](int, collectives::Communicator& c) -> std::string {
+    const std::size_t count = 50000;
+    auto a = makeInput(c.rank(), count, DataType::kF32, ReduceOp::kSum, 31);
+    auto b = makeInput(c.rank(), count, DataType::kF32, ReduceOp::kSum, 32);
+    auto w = c.allreduceAsync(a.data(), a.data(), count, DataType::kF32, ReduceOp::kSum);
+    Status st = c.allreduce(b.data(), b.data(), count, DataType::kF32, ReduceOp::kSum);
+    if (!st.isOk()) return statusFailure("sync allreduce", st);
+    if (!w->done()) return "the sync op finished before the async op issued ahead of it";
+    st = w->wait();
+    if (!st.isOk()) return statusFailure("async allreduce", st);
+    for (std::size_t i = 0; i < count; i += 997) {
+      if (auto e = compareValue(decodeValue(a.data(), i, DataType::kF32),
+                                referenceValue(c.size(), i, DataType::kF32, ReduceOp::kSum, 31), DataType::kF32,
+                                ReduceOp::kSum);
+          !e.empty())
+        return "async: " + e;
+      if (auto e = compareValue(decodeValue(b.data(), i, DataType::kF32),
+                                referenceValue(c.size(), i, DataType::kF32, ReduceOp::kSum, 32), DataType::kF32,
+                                ReduceOp::kSum);
+          !e.empty())
+        return "sync: " + e;
+    }
+    return std::string();
+  });
+}
+
+TEST_F(CollectivesTest, InvalidArgumentsFailFastAndLeaveTheCommunicatorUsable) {
+  RUN_ON_ALL_RANKS(harnessFor(2), [&](int, collectives::Communicator& c) -> std::string {
+    float x = 1;
+    Status st = c.allreduce(nullptr, &x, 4, DataType::kF32, ReduceOp::kSum);
+    if (st.code() != StatusCode::kInvalidArgument) return "null send: " + st.toString();
+    st = c.broadcast(&x, &x, 1, DataType::kF32, 5);
+    if (st.code() != StatusCode::kInvalidArgument) return "bad root: " + st.toString();
+    st = c.send(&x, 1, DataType::kF32, c.rank());
+    if (st.code() != StatusCode::kInvalidArgument) return "send to self: " + st.toString();
+    auto w = c.reduceAsync(&x, &x, 1, DataType::kF32, static_cast<ReduceOp>(99), 0);
+    if (w->wait().code() != StatusCode::kInvalidArgument) return "bad op: " + w->wait().toString();
+    std::vector<float> buf(8);
+    st = c.allgather(buf.data() + 1, buf.data(), 2, DataType::kF32);
+    if (st.code() != StatusCode::kInvalidArgument) return "misplaced in-place allgather: " + st.toString();
+    if (!c.health().isOk()) return "broken after argument errors: " + c.health().toString();
+    return checkAllreduce(c, 17, DataType::kF32, ReduceOp::kSum, false);
+  });
+}
+
+TEST_F(CollectivesTest, PeerFailureBreaksTheCommunicatorWithTheOriginalReason) {
+  CommOptions opts;
+  opts.timeout = std::chrono::seconds(20);
+  auto h = RankHarness::start(3, opts);
+  ASSERT_TRUE(h.isOk()) << h.status().toString();
+  RankHarness& harness = *h.value();
+  // Warm up, then rank 2 goes away.
+  EXPECT_EQ(RankHarness::summarize(harness.run([](int, collectives::Communicator& c) {
+              return checkAllreduce(c, 1000, DataType::kF32, ReduceOp::kSum, false);
+            })),
+            "");
+  harness.destroyRank(2);
+  auto results = harness.runOn({0, 1}, [](int, collectives::Communicator& c) -> std::string {
+    std::vector<float> buf(100000, 1.0f);
+    Status first = c.allreduce(buf.data(), buf.data(), buf.size(), DataType::kF32, ReduceOp::kSum);
+    if (first.isOk()) return "allreduce with a dead peer succeeded";
+    if (first.code() == StatusCode::kInvalidArgument) return "unexpected code: " + first.toString();
+    Status second = c.barrier();
+    if (second.code() != StatusCode::kCommError) return "second op: " + second.toString();
+    if (second.message().find(first.message()) == std::string::npos) {
+      return fmt::format("second op's reason '{}' does not carry the first '{}'", second.message(), first.message());
+    }
+    auto w = c.allreduceAsync(buf.data(), buf.data(), 1, DataType::kF32, ReduceOp::kSum);
+    if (!w->done() || w->wait().code() != StatusCode::kCommError) return "async op on a broken communicator";
+    return std::string();
+  });
+  EXPECT_EQ(RankHarness::summarize(results), "");
+}
+
+TEST_F(CollectivesTest, TimeoutBreaksTheCommunicatorAndReleasesTheBuffer) {
+  CommOptions opts;
+  opts.timeout = std::chrono::seconds(1);
+  auto h = RankHarness::start(2, opts);
+  ASSERT_TRUE(h.isOk()) << h.status().toString();
+  auto results = h.value()->runOn({0}, [](int, collectives::Communicator& c) -> std::string {
+    Status first;
+    {
+      std::vector<float> buf(1000);  // freed right after the failed op: the transport must not write it
+      first = c.recv(buf.data(), buf.size(), DataType::kF32, 1, 5);
+    }
+    if (first.code() != StatusCode::kTimeout) return "recv nobody sends: " + first.toString();
+    Status second = c.barrier();
+    if (second.code() != StatusCode::kCommError) return "barrier after the timeout: " + second.toString();
+    return std::string();
+  });
+  EXPECT_EQ(RankHarness::summarize(results), "");
+  // Rank 1's channel to the aborted rank 0 fails too, promptly.
+  results = h.value()->runOn({1}, [](int, collectives::Communicator& c) -> std::string {
+    float x = 1;
+    Status st = c.send(&x, 1, DataType::kF32, 0, 5);
+    return st.isOk() ? "send to an aborted peer succeeded" : std::string();
+  });
+  EXPECT_EQ(RankHarness::summarize(results), "");
+}
+
+TEST_F(CollectivesTest, StripesOverTwoPathsPerPeer) {
+  CommOptions opts;
+  opts.localAddresses = {"127.0.0.1", "127.0.0.2"};
+  opts.streamsPerPath = 1;
+  opts.ringSegmentBytes = 64 << 10;
+  opts.timeout = std::chrono::seconds(60);
+  auto h = RankHarness::start(3, opts);
+  ASSERT_TRUE(h.isOk()) << h.status().toString();
+  EXPECT_EQ(RankHarness::summarize(h.value()->run([](int, collectives::Communicator& c) -> std::string {
+              const std::size_t count = largeCount(DataType::kF32) * 2;
+              if (auto e = checkAllreduce(c, count, DataType::kF32, ReduceOp::kSum, false); !e.empty()) return e;
+              if (auto e = checkBroadcast(c, count, DataType::kF32, 2, false); !e.empty()) return e;
+              return checkSendRecv(c, count, DataType::kF32);
+            })),
+            "");
+}
+
+TEST_F(CollectivesTest, RecordsLatencyAndBytesPerOp) {
+  auto countOf = [](const std::string& family, const std::string& op) {
+    double total = 0;
+    for (const auto& f : MetricsRegistry::global().snapshot()) {
+      if (f.name != family) continue;
+      for (const auto& sample : f.samples) {
+        for (const auto& [k, v] : sample.labels) {
+          if (k != "op" || v != op) continue;
+          total += f.type == MetricType::kHistogram ? static_cast<double>(sample.count) : sample.value;
+        }
+      }
+    }
+    return total;
+  };
+  const double opsBefore = countOf("meridian_collectives_op_latency_seconds", "allgather");
+  const double bytesBefore = countOf("meridian_collectives_op_bytes_total", "allgather");
+  RUN_ON_ALL_RANKS(harnessFor(2), [&](int, collectives::Communicator& c) {
+    return checkAllgather(c, 100, DataType::kF32, false);
+  });
+  EXPECT_EQ(countOf("meridian_collectives_op_latency_seconds", "allgather") - opsBefore, 2);
+  EXPECT_EQ(countOf("meridian_collectives_op_bytes_total", "allgather") - bytesBefore, 2 * 2 * 100 * 4);
+}
+
+// ---- Slow: large messages and more ranks. Disabled in the unit run; ctest runs them as
+// collectives_slow_test (label `slow`) with --gtest_also_run_disabled_tests. -------------
+
+TEST_F(CollectivesTest, SlowLargeMessagesSevenRanks) {
+  RUN_ON_ALL_RANKS(harnessFor(7, 0, 0), [&](int, collectives::Communicator& c) -> std::string {
+    const std::size_t count = (std::size_t{32} << 20) / 4 + 5;  // 32 MiB of f32, not divisible by 7
+    if (auto e = checkAllreduce(c, count, DataType::kF32, ReduceOp::kSum, false); !e.empty()) return e;
+    if (auto e = checkAllreduce(c, count * 2, DataType::kBF16, ReduceOp::kAvg, true); !e.empty()) return e;
+    if (auto e = checkReduceScatter(c, count / 7, DataType::kF32, ReduceOp::kMax, false); !e.empty()) return e;
+    if (auto e = checkAllgather(c, count / 7, DataType::kI32, true); !e.empty()) return e;
+    if (auto e = checkBroadcast(c, count, DataType::kF32, 3, false); !e.empty()) return e;
+    return checkReduce(c, count, DataType::kF32, ReduceOp::kSum, 6, false);
+  });
+}
+
+TEST_F(CollectivesTest, SlowSixteenRanks) {
+  RUN_ON_ALL_RANKS(harnessFor(16), [&](int, collectives::Communicator& c) -> std::string {
+    for (std::size_t count : {std::size_t{1}, std::size_t{1023}, std::size_t{1} << 20}) {
+      if (auto e = checkAllreduce(c, count, DataType::kF32, ReduceOp::kSum, false); !e.empty()) return e;
+      if (auto e = checkAllreduce(c, count, DataType::kI64, ReduceOp::kMin, true); !e.empty()) return e;
+      if (auto e = checkBroadcast(c, count, DataType::kF32, 15, false); !e.empty()) return e;
+      if (auto e = checkReduce(c, count, DataType::kF32, ReduceOp::kSum, 5, false); !e.empty()) return e;
+      if (auto e = checkReduceScatter(c, count / 16 + 1, DataType::kF32, ReduceOp::kSum, true); !e.empty()) return e;
+    }
+    if (auto e = checkSendRecv(c, 100000, DataType::kF32); !e.empty()) return e;
+    if (auto e = checkAsyncBatch(c, 1 << 18, DataType::kF32); !e.empty()) return e;
+    return checkBarrier(c, 10);
+  });
+}
+
+}  // namespace
+}  // namespace meridian::testing

@@ -1,0 +1,167 @@
+// Collectives across separate processes over loopback: the test launches
+// collectives_worker once per rank with MERIDIAN_RANK / MERIDIAN_WORLD_SIZE /
+// MERIDIAN_STORE set (as a launcher would), waits for all with a deadline, and kills only
+// the processes it started if something hangs.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+extern char** environ;
+
+namespace {
+
+constexpr int kExitStorePortTaken = 75;
+constexpr auto kRunDeadline = std::chrono::seconds(150);
+
+// A port the kernel just handed out (bound to port 0, then closed). Another process may
+// take it before rank 0 binds it; the launcher retries then.
+int freeLoopbackPort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  int port = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct RankProcess {
+  pid_t pid = -1;
+  int exitCode = -1;  // -1 while running; 128 + signal when killed
+  std::string logPath;
+};
+
+struct LaunchResult {
+  std::vector<RankProcess> ranks;
+  bool timedOut = false;
+  std::string error;
+};
+
+LaunchResult launchOnce(int worldSize, int port) {
+  LaunchResult result;
+  const std::string tmpDir = ::testing::TempDir();
+  // Environment: ours, minus any MERIDIAN_RANK/WORLD_SIZE/STORE, plus the rank's.
+  std::vector<std::string> baseEnv;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string v(*e);
+    if (v.rfind("MERIDIAN_RANK=", 0) == 0 || v.rfind("MERIDIAN_WORLD_SIZE=", 0) == 0 ||
+        v.rfind("MERIDIAN_STORE=", 0) == 0 || v.rfind("MERIDIAN_RING_SEGMENT_BYTES=", 0) == 0 ||
+        v.rfind("MERIDIAN_TIMEOUT_MS=", 0) == 0) {
+      continue;
+    }
+    baseEnv.push_back(std::move(v));
+  }
+  for (int r = 0; r < worldSize; ++r) {
+    RankProcess proc;
+    proc.logPath = fmt::format("{}/collectives_worker_{}_{}_{}.log", tmpDir, ::getpid(), port, r);
+    std::vector<std::string> env = baseEnv;
+    env.push_back(fmt::format("MERIDIAN_RANK={}", r));
+    env.push_back(fmt::format("MERIDIAN_WORLD_SIZE={}", worldSize));
+    env.push_back(fmt::format("MERIDIAN_STORE=127.0.0.1:{}", port));
+    env.push_back("MERIDIAN_RING_SEGMENT_BYTES=4096");
+    env.push_back("MERIDIAN_TIMEOUT_MS=60000");
+    std::vector<char*> envp;
+    for (auto& s : env) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::string path = MERIDIAN_COLLECTIVES_WORKER;
+    char* argv[] = {path.data(), nullptr};
+
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, proc.logPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+    int rc = posix_spawn(&proc.pid, path.c_str(), &actions, nullptr, argv, envp.data());
+    posix_spawn_file_actions_destroy(&actions);
+    if (rc != 0) {
+      result.error = fmt::format("posix_spawn {}: {}", path, std::strerror(rc));
+      break;
+    }
+    result.ranks.push_back(std::move(proc));
+  }
+
+  const auto deadline = std::chrono::steady_clock::now() + kRunDeadline;
+  auto running = [&] {
+    int n = 0;
+    for (auto& p : result.ranks) n += p.exitCode < 0 ? 1 : 0;
+    return n;
+  };
+  while (running() > 0) {
+    for (auto& p : result.ranks) {
+      if (p.exitCode >= 0) continue;
+      int status = 0;
+      if (::waitpid(p.pid, &status, WNOHANG) == p.pid) {
+        p.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        // Rank 0 could not host the store: nobody else can finish; stop them now.
+        if (&p == &result.ranks.front() && p.exitCode == kExitStorePortTaken) result.error = "port taken";
+      }
+    }
+    const bool expired = std::chrono::steady_clock::now() > deadline;
+    if ((expired || !result.error.empty()) && running() > 0) {
+      result.timedOut = expired;
+      for (auto& p : result.ranks) {
+        if (p.exitCode >= 0) continue;
+        ::kill(p.pid, SIGKILL);  // only the processes this test started
+        int status = 0;
+        ::waitpid(p.pid, &status, 0);
+        p.exitCode = 128 + SIGKILL;
+      }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return result;
+}
+
+void runWorld(int worldSize) {
+  LaunchResult result;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    const int port = freeLoopbackPort();
+    ASSERT_GT(port, 0) << "no free loopback port";
+    result = launchOnce(worldSize, port);
+    if (result.error != "port taken") break;
+  }
+  ASSERT_TRUE(result.error.empty() || result.error == "port taken") << result.error;
+  EXPECT_FALSE(result.timedOut) << "ranks still running after " << kRunDeadline.count() << " s were killed";
+  for (std::size_t r = 0; r < result.ranks.size(); ++r) {
+    const auto& p = result.ranks[r];
+    EXPECT_EQ(p.exitCode, 0) << "rank " << r << " of " << worldSize << " exited with " << p.exitCode << "; log:\n"
+                             << readFile(p.logPath);
+    if (p.exitCode == 0) std::remove(p.logPath.c_str());
+  }
+}
+
+TEST(CollectivesProcessTest, OneRank) { runWorld(1); }
+TEST(CollectivesProcessTest, TwoRanks) { runWorld(2); }
+TEST(CollectivesProcessTest, ThreeRanks) { runWorld(3); }
+
+}  // namespace

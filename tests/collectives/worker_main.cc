@@ -1,0 +1,47 @@
+// collectives_worker: one rank of the multi-process test (process_test.cc). Reads rank,
+// world size and store from MERIDIAN_* like any Meridian program, runs the collective
+// checks and exits 0 when all passed, 1 on a failed check, 2 when set-up failed, and
+// kExitStorePortTaken when rank 0 could not bind the store port (the test retries).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "tests/common/collective_checks.h"
+
+namespace {
+constexpr int kExitStorePortTaken = 75;
+}
+
+int main() {
+  using namespace meridian;
+  using namespace meridian::testing;
+  auto comm = collectives::Communicator::createFromEnvironment();
+  if (!comm.isOk()) {
+    std::fprintf(stderr, "collectives_worker: set-up failed: %s\n", comm.status().toString().c_str());
+    return comm.status().message().find("Address already in use") != std::string::npos ? kExitStorePortTaken : 2;
+  }
+  collectives::Communicator& c = *comm.value();
+  const int n = c.size();
+  std::vector<std::string> failures;
+  auto check = [&](std::string result) {
+    if (!result.empty()) failures.push_back(std::move(result));
+  };
+  for (DataType t : {DataType::kF32, DataType::kBF16, DataType::kI64}) {
+    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{1023}, largeCount(t)}) {
+      check(checkAllreduce(c, count, t, ReduceOp::kSum, false));
+      check(checkAllreduce(c, count, t, ReduceOp::kMax, true));
+      check(checkReduceScatter(c, count / static_cast<std::size_t>(n) + 1, t, ReduceOp::kSum, count % 2 == 1));
+      check(checkAllgather(c, count / static_cast<std::size_t>(n) + 1, t, count % 2 == 0));
+      check(checkBroadcast(c, count, t, n - 1, false));
+      check(checkReduce(c, count, t, ReduceOp::kAvg, 0, true));
+    }
+  }
+  check(checkAllreduce(c, 1023, DataType::kF16, ReduceOp::kProd, false));
+  check(checkAllreduce(c, 4097, DataType::kF64, ReduceOp::kMin, true));
+  check(checkBarrier(c, 3));
+  check(checkSendRecv(c, 70000, DataType::kF32));
+  check(checkAsyncBatch(c, 5000, DataType::kI32));
+  for (const auto& f : failures) std::fprintf(stderr, "rank %d: %s\n", c.rank(), f.c_str());
+  return failures.empty() ? 0 : 1;
+}
