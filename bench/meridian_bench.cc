@@ -1,0 +1,225 @@
+// meridian-bench: nccl-tests-style tables for every collective over a size sweep, run
+// as N local ranks it launches itself (--ranks N) or as one rank of a job started by
+// mpirun, Slurm, torchrun or meridian-lab (rank and store from the environment).
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "bench/bench_ops.h"
+#include "collectives/communicator.h"
+#include "core/knobs.h"
+#include "core/local_launch.h"
+#include "core/log.h"
+
+namespace meridian::bench {
+namespace {
+
+struct Args {
+  int ranks = 0;
+  std::string ops = "all";
+  std::string minBytesText = "8";
+  std::string maxBytesText = "64M";
+  int factor = 2;
+  int iters = 20;
+  int warmup = 5;
+  std::string dtypeText = "f32";
+  std::string redopText = "sum";
+  int root = 0;
+  bool check = true;
+  std::string jsonPath;
+};
+
+struct Row {
+  std::string op;
+  std::size_t bytes;
+  std::size_t count;
+  int iters;
+  double timeUs;
+  double algbw;
+  double busbw;
+  std::size_t wrong;
+};
+
+std::string commandLine(int argc, char** argv) {
+  std::string s;
+  for (int i = 0; i < argc; ++i) {
+    if (i) s += ' ';
+    s += argv[i];
+  }
+  return s;
+}
+
+// Fewer iterations for large sizes keep a sweep to minutes on small machines.
+int itersFor(std::size_t bytes, int iters) {
+  constexpr std::size_t kBudget = 128u << 20;
+  if (bytes == 0) return iters;
+  return std::clamp(static_cast<int>(kBudget / bytes), std::min(iters, 5), iters);
+}
+
+int runRank(const Args& a, const std::string& cmd) {
+  auto dtype = kernels::parseDataType(a.dtypeText);
+  auto redop = kernels::parseReduceOp(a.redopText);
+  if (!dtype || !redop) {
+    std::fprintf(stderr, "meridian-bench: unknown --dtype '%s' or --op '%s'\n", a.dtypeText.c_str(), a.redopText.c_str());
+    return 2;
+  }
+  std::vector<BenchOp> ops;
+  std::size_t minBytes = 0, maxBytes = 0;
+  try {
+    ops = parseOps(a.ops);
+    minBytes = static_cast<std::size_t>(parseByteSize(a.minBytesText, "--min-bytes"));
+    maxBytes = static_cast<std::size_t>(parseByteSize(a.maxBytesText, "--max-bytes"));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "meridian-bench: %s\n", e.what());
+    return 2;
+  }
+  if (minBytes > maxBytes || a.factor < 2 || a.iters < 1 || a.warmup < 0) {
+    std::fprintf(stderr, "meridian-bench: need min-bytes <= max-bytes, factor >= 2, iters >= 1\n");
+    return 2;
+  }
+  auto commOr = collectives::Communicator::createFromEnvironment();
+  if (!commOr) {
+    std::fprintf(stderr, "meridian-bench: %s\n", commOr.status().toString().c_str());
+    return 1;
+  }
+  auto& comm = *commOr.value();
+  const int n = comm.size();
+  if (a.root < 0 || a.root >= n) {
+    std::fprintf(stderr, "meridian-bench: --root %d is not a rank of %d\n", a.root, n);
+    return 2;
+  }
+  const std::size_t esize = kernels::dataTypeSize(*dtype);
+  // Buffers allocated once for the largest size and touched before timing.
+  std::size_t maxCount = maxBytes / esize + static_cast<std::size_t>(n);
+  std::vector<std::uint8_t> send(maxCount * esize, 1), recv(maxCount * esize, 1);
+
+  bool print = comm.rank() == 0;
+  if (print) {
+    std::printf("# meridian-bench: %d ranks, dtype %s, op %s, root %d, TCP streams per path %lld, paths %s\n", n,
+                a.dtypeText.c_str(), a.redopText.c_str(), a.root,
+                static_cast<long long>(knobInt(knobs::kTcpStreams)),
+                knobString(knobs::kPaths).empty() ? "127.0.0.1" : knobString(knobs::kPaths).c_str());
+    std::printf("# command: %s\n#\n", cmd.c_str());
+    std::printf("# %-14s %12s %12s %5s %6s %6s %11s %12s %12s %7s\n", "op", "size(B)", "count", "type", "redop", "iters",
+                "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+  }
+  std::vector<Row> rows;
+  std::size_t totalWrong = 0;
+  for (BenchOp op : ops) {
+    for (std::size_t bytes = minBytes;; bytes = bytes == 0 ? 1 : bytes * static_cast<std::size_t>(a.factor)) {
+      if (bytes > maxBytes) break;
+      std::size_t count = bytes / esize;
+      if (op == BenchOp::kAllgather || op == BenchOp::kReduceScatter) count -= count % static_cast<std::size_t>(n);
+      std::size_t realBytes = count * esize;
+      int iters = itersFor(realBytes, a.iters);
+      std::size_t wrong = 0;
+      Status st;
+      if (a.check) {
+        fillInput(comm, op, send.data(), recv.data(), count, *dtype);
+        st = runOnce(comm, op, send.data(), recv.data(), count, *dtype, *redop, a.root);
+        if (st.isOk()) wrong = countWrong(comm, op, recv.data(), count, *dtype, *redop, a.root);
+      }
+      for (int i = 0; i < a.warmup && st.isOk(); ++i) {
+        st = runOnce(comm, op, send.data(), recv.data(), count, *dtype, *redop, a.root);
+      }
+      if (st.isOk()) st = comm.barrier();
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < iters && st.isOk(); ++i) {
+        st = runOnce(comm, op, send.data(), recv.data(), count, *dtype, *redop, a.root);
+      }
+      double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+      if (!st.isOk()) {
+        std::fprintf(stderr, "meridian-bench: rank %d: %s at %zu bytes: %s\n", comm.rank(), opName(op), realBytes,
+                     st.toString().c_str());
+        return 1;
+      }
+      // The slowest rank's time, and the wrong elements of all ranks.
+      double stats[2] = {us, static_cast<double>(wrong)};
+      double maxUs = 0, sumWrong = 0;
+      if (!comm.allreduce(&stats[0], &maxUs, 1, kernels::DataType::kF64, kernels::ReduceOp::kMax).isOk() ||
+          !comm.allreduce(&stats[1], &sumWrong, 1, kernels::DataType::kF64, kernels::ReduceOp::kSum).isOk()) {
+        std::fprintf(stderr, "meridian-bench: rank %d: gathering figures failed\n", comm.rank());
+        return 1;
+      }
+      double algbw = maxUs > 0 ? static_cast<double>(realBytes) / (maxUs * 1e3) : 0;  // GB/s
+      Row row{opName(op), realBytes, count, iters, maxUs, algbw, algbw * busBandwidthFactor(op, n),
+              static_cast<std::size_t>(sumWrong)};
+      totalWrong += row.wrong;
+      if (print) {
+        std::printf("  %-14s %12zu %12zu %5s %6s %6d %11.1f %12.3f %12.3f %7s\n", row.op.c_str(), row.bytes, row.count,
+                    a.dtypeText.c_str(), a.redopText.c_str(), row.iters, row.timeUs, row.algbw, row.busbw,
+                    a.check ? std::to_string(row.wrong).c_str() : "n/a");
+        std::fflush(stdout);
+      }
+      rows.push_back(row);
+      if (bytes == maxBytes) break;
+    }
+  }
+  if (print) {
+    std::printf("# %s: %zu wrong elements in total\n", totalWrong == 0 ? "correct" : "INCORRECT", totalWrong);
+    if (!a.jsonPath.empty()) {
+      nlohmann::json j;
+      j["command"] = cmd;
+      j["ranks"] = n;
+      j["dtype"] = a.dtypeText;
+      j["redop"] = a.redopText;
+      for (const auto& r : rows) {
+        j["rows"].push_back({{"op", r.op}, {"bytes", r.bytes}, {"count", r.count}, {"iters", r.iters},
+                             {"time_us", r.timeUs}, {"algbw_gbps", r.algbw}, {"busbw_gbps", r.busbw},
+                             {"wrong", r.wrong}});
+      }
+      std::ofstream(a.jsonPath) << j.dump(2) << "\n";
+    }
+  }
+  return totalWrong == 0 ? 0 : 3;
+}
+
+}  // namespace
+}  // namespace meridian::bench
+
+int main(int argc, char** argv) {
+  using namespace meridian;
+  bench::Args a;
+  CLI::App app{"meridian-bench: collective bandwidth and latency, nccl-tests style"};
+  app.add_option("--ranks,-N", a.ranks, "Launch this many local ranks (else: one rank from the environment)");
+  app.add_option("--ops", a.ops, "Comma list: all_reduce, reduce_scatter, all_gather, broadcast, reduce, sendrecv, all");
+  app.add_option("--min-bytes,-b", a.minBytesText, "Smallest size (k/M/G suffixes)");
+  app.add_option("--max-bytes,-e", a.maxBytesText, "Largest size");
+  app.add_option("--factor,-f", a.factor, "Size multiplier between steps");
+  app.add_option("--iters,-n", a.iters, "Timed iterations per size (fewer above 8 MiB, at least 5)");
+  app.add_option("--warmup,-w", a.warmup, "Untimed iterations per size");
+  app.add_option("--dtype,-d", a.dtypeText, "f32, f64, f16, bf16, i32, i64");
+  app.add_option("--op,-o", a.redopText, "sum, prod, min, max, avg");
+  app.add_option("--root,-r", a.root, "Root of broadcast and reduce");
+  app.add_option("--check,-c", a.check, "Check results (1) or not (0)");
+  app.add_option("--json", a.jsonPath, "Also write the table as JSON here (rank 0)");
+  CLI11_PARSE(app, argc, argv);
+  std::string cmd = bench::commandLine(argc, argv);
+  try {
+    if (a.ranks > 0) {
+      LocalLaunchOptions lo;
+      lo.ranks = a.ranks;
+      lo.argv.push_back("/proc/self/exe");
+      for (int i = 1; i < argc; ++i) {
+        std::string arg = argv[i];
+        if (arg == "--ranks" || arg == "-N") {
+          ++i;
+          continue;
+        }
+        if (arg.rfind("--ranks=", 0) == 0) continue;
+        lo.argv.push_back(arg);
+      }
+      lo.extraEnv.push_back({"MERIDIAN_BENCH_COMMAND", cmd});
+      return launchLocalRanks(lo);
+    }
+    if (const char* c = std::getenv("MERIDIAN_BENCH_COMMAND")) cmd = c;
+    return bench::runRank(a, cmd);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "meridian-bench: %s\n", e.what());
+    return 1;
+  }
+}
