@@ -5,7 +5,7 @@
 
 namespace meridian::transport {
 
-// Layout (bytes): 0 magic u16 | 2 version u8 | 3 type u8 | 4 reserved u32 | 8 tag u64 |
+// Layout (bytes): 0 magic u16 | 2 version u8 | 3 type u8 | 4 flags u32 | 8 tag u64 |
 // 16 seq u64 | 24 prevSameTag u64 | 32 offset u64 | 40 totalBytes u64 | 48 length u32 |
 // 52 reserved u32.
 FrameHeaderBytes encodeFrameHeader(const FrameHeader& h) {
@@ -13,6 +13,7 @@ FrameHeaderBytes encodeFrameHeader(const FrameHeader& h) {
   wire::store<std::uint16_t>(&b[0], kFrameMagic);
   b[2] = kFrameVersion;
   b[3] = static_cast<std::uint8_t>(h.type);
+  wire::store<std::uint32_t>(&b[4], h.prevExact ? kFlagPrevExact : 0u);
   wire::store<std::uint64_t>(&b[8], h.tag);
   wire::store<std::uint64_t>(&b[16], h.seq);
   wire::store<std::uint64_t>(&b[24], h.prevSameTag);
@@ -32,10 +33,12 @@ Result<FrameHeader> decodeFrameHeader(std::span<const std::uint8_t> b) {
   if (b[2] != kFrameVersion) {
     return peerError("frame: version {} not supported (this build speaks {})", b[2], kFrameVersion);
   }
-  if (wire::load<std::uint32_t>(&b[4]) != 0 || wire::load<std::uint32_t>(&b[52]) != 0) {
+  const std::uint32_t flags = wire::load<std::uint32_t>(&b[4]);
+  if ((flags & ~kFlagPrevExact) != 0 || wire::load<std::uint32_t>(&b[52]) != 0) {
     return peerError("frame: reserved bits set");
   }
   FrameHeader h;
+  h.prevExact = (flags & kFlagPrevExact) != 0;
   std::uint8_t type = b[3];
   if (type < static_cast<std::uint8_t>(FrameType::kData) || type > static_cast<std::uint8_t>(FrameType::kClose)) {
     return peerError("frame: unknown type {}", type);

@@ -2,7 +2,7 @@
 // bytes for DATA frames. Every field from the wire is checked against its bound here,
 // before anything is allocated or read. Pure; unit-tested and fuzzed.
 //
-//  0 magic u16 "MF" | 2 version u8 | 3 type u8 | 4 reserved u32 (0) | 8 tag u64
+//  0 magic u16 "MF" | 2 version u8 | 3 type u8 | 4 flags u32 | 8 tag u64
 // 16 seq u64 (per-channel message number) | 24 prevSameTag u64 | 32 offset u64
 // 40 totalBytes u64 | 48 length u32 | 52 reserved u32 (0)
 #pragma once
@@ -20,7 +20,11 @@ inline constexpr std::uint8_t kFrameVersion = 1;
 inline constexpr std::size_t kFrameHeaderBytes = 56;
 inline constexpr std::uint32_t kMaxChunkBytes = 64u << 20;           // one chunk's payload
 inline constexpr std::uint64_t kMaxMessageBytes = 1ull << 40;        // one message (1 TiB)
-inline constexpr std::uint64_t kNoPrevSeq = ~0ull;                   // "resolve by global order"
+// prevSameTag: kNoPrevSeq means "the first message with this tag"; otherwise every
+// earlier message with the tag has a seq <= prevSameTag, and with kFlagPrevExact set
+// prevSameTag is exactly the previous one.
+inline constexpr std::uint64_t kNoPrevSeq = ~0ull;
+inline constexpr std::uint32_t kFlagPrevExact = 1u;
 
 enum class FrameType : std::uint8_t {
   kData = 1,   // a chunk of a message; `length` payload bytes follow
@@ -32,7 +36,8 @@ struct FrameHeader {
   FrameType type = FrameType::kData;
   std::uint64_t tag = 0;
   std::uint64_t seq = 0;
-  std::uint64_t prevSameTag = kNoPrevSeq;  // seq of the sender's previous message with this tag
+  std::uint64_t prevSameTag = kNoPrevSeq;  // see kNoPrevSeq
+  bool prevExact = false;                  // prevSameTag is exactly the previous same-tag message
   std::uint64_t offset = 0;
   std::uint64_t totalBytes = 0;
   std::uint32_t length = 0;

@@ -13,6 +13,7 @@ FrameHeader sample() {
   h.tag = 0x1122334455667788ull;
   h.seq = 42;
   h.prevSameTag = 7;
+  h.prevExact = true;
   h.offset = 1 << 20;
   h.totalBytes = 3 << 20;
   h.length = 512 * 1024;
@@ -28,6 +29,7 @@ TEST(FrameTest, RoundTripsEveryField) {
   EXPECT_EQ(d->tag, h.tag);
   EXPECT_EQ(d->seq, h.seq);
   EXPECT_EQ(d->prevSameTag, h.prevSameTag);
+  EXPECT_TRUE(d->prevExact);
   EXPECT_EQ(d->offset, h.offset);
   EXPECT_EQ(d->totalBytes, h.totalBytes);
   EXPECT_EQ(d->length, h.length);
@@ -61,6 +63,9 @@ TEST(FrameTest, RefusesUnknownTypeAndReservedBits) {
   EXPECT_FALSE(decodeFrameHeader(bytes).isOk());
   bytes = encodeFrameHeader(sample());
   bytes[53] = 1;
+  EXPECT_FALSE(decodeFrameHeader(bytes).isOk());
+  bytes = encodeFrameHeader(sample());
+  bytes[4] |= 2;  // only the prev-exact flag is defined
   EXPECT_FALSE(decodeFrameHeader(bytes).isOk());
 }
 

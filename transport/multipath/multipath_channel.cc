@@ -15,6 +15,7 @@ struct OutMessage {
   std::uint64_t seq = 0;
   std::uint64_t tag = 0;
   std::uint64_t prevSameTag = kNoPrevSeq;
+  bool prevExact = false;
   const std::uint8_t* data = nullptr;
   std::uint64_t totalBytes = 0;
   std::uint32_t chunkBytes = 0;
@@ -30,6 +31,8 @@ struct OutMessage {
   std::uint32_t chunkLength(std::uint32_t i) const {
     return static_cast<std::uint32_t>(std::min<std::uint64_t>(chunkBytes, totalBytes - chunkOffset(i)));
   }
+  // What a chunk costs a path: its payload and its header (so zero-byte messages count).
+  std::uint64_t chunkWireBytes(std::uint32_t i) const { return chunkLength(i) + kFrameHeaderBytes; }
 };
 
 enum class InState : std::uint8_t { kUnmatched, kUnexpected, kBound, kDiscard };
@@ -38,6 +41,7 @@ struct InMessage {
   std::uint64_t seq = 0;
   std::uint64_t tag = 0;
   std::uint64_t prevSameTag = kNoPrevSeq;
+  bool prevExact = false;
   std::uint64_t totalBytes = 0;
   InState state = InState::kUnmatched;
   std::uint8_t* dest = nullptr;          // where payload bytes go now
@@ -69,7 +73,7 @@ struct MultipathChannel::PathState {
 
 namespace {
 const std::uint8_t kZeros[64 * 1024] = {};
-constexpr std::size_t kMaxTagMemo = 4096;
+constexpr std::size_t kMaxTagMemo = 4096;  // tags remembered per direction (see isend)
 }  // namespace
 
 MultipathChannel::MultipathChannel(int peerRank, std::vector<PathEndpoints> paths, MultipathConfig config,
@@ -119,13 +123,21 @@ Result<RequestPtr> MultipathChannel::isend(const void* data, std::size_t bytes, 
     msg->seq = nextSendSeq_++;
     auto [it, inserted] = lastSentSeqByTag_.try_emplace(tag, msg->seq);
     if (!inserted) {
-      msg->prevSameTag = it->second;
+      msg->prevSameTag = it->second;  // exactly the previous message with this tag
+      msg->prevExact = true;
       it->second = msg->seq;
-    }
+    } else if (forgotTags_) {
+      msg->prevSameTag = forgottenUpToSeq_;  // any earlier one with this tag is at or before this
+    }  // else: certainly the first message with this tag (kNoPrevSeq)
     if (lastSentSeqByTag_.size() > kMaxTagMemo) {
-      // Forget old tags; their next message is then matched by global order instead.
-      lastSentSeqByTag_.clear();
-      lastSentSeqByTag_[tag] = msg->seq;
+      // Forget tags not used in the last kMaxTagMemo/2 messages, remembering how far back.
+      std::uint64_t keepFrom = msg->seq - kMaxTagMemo / 2;
+      std::erase_if(lastSentSeqByTag_, [&](const auto& e) {
+        if (e.second >= keepFrom) return false;
+        forgottenUpToSeq_ = forgotTags_ ? std::max(forgottenUpToSeq_, e.second) : e.second;
+        forgotTags_ = true;
+        return true;
+      });
     }
     postedSends_.push_back(msg);
   }
@@ -179,6 +191,7 @@ void MultipathChannel::drainPosted() {
     recvs.swap(postedRecvs_);
   }
   for (auto& m : sends) {
+    drainedSendSeqEnd_ = m->seq + 1;
     sendingBySeq_[m->seq] = m;
     sending_.push_back(std::move(m));
   }
@@ -202,10 +215,23 @@ void MultipathChannel::drainPosted() {
 
 void MultipathChannel::schedule(std::int64_t nowUs) {
   std::vector<PathLoad> loads(paths_.size());
+  bool anyUsable = false;
   for (std::size_t i = 0; i < paths_.size(); ++i) {
     const PathState& p = *paths_[i];
     loads[i] = PathLoad{p.alive.load(std::memory_order_relaxed) && !p.stalled.load(std::memory_order_relaxed),
                         p.unackedBytes, config_.pathWindowBytes, p.rate.bytesPerSec(), 0.0, 1.0};
+    anyUsable = anyUsable || loads[i].usable;
+  }
+  if (!anyUsable) {
+    // Only stalled paths are left: they are better than none.
+    for (std::size_t i = 0; i < paths_.size(); ++i) {
+      PathState& p = *paths_[i];
+      if (p.alive.load(std::memory_order_relaxed) && p.stalled.exchange(false, std::memory_order_relaxed)) {
+        MLOG_WARN(kTransport, "no other path to rank {} is left: using stalled path {} again", peerRank_, i);
+        p.up->set(1);
+        loads[i].usable = true;
+      }
+    }
   }
   for (auto& msg : sending_) {
     for (std::uint32_t i = msg->firstPending; i < msg->chunkCount(); ++i) {
@@ -213,8 +239,8 @@ void MultipathChannel::schedule(std::int64_t nowUs) {
         if (i == msg->firstPending) ++msg->firstPending;
         continue;
       }
-      std::uint32_t len = msg->chunkLength(i);
-      auto choice = pickPath(loads, std::max<std::uint32_t>(len, 1));
+      std::uint64_t len = msg->chunkWireBytes(i);
+      auto choice = pickPath(loads, len);
       if (!choice || !choice->hasRoom) return;  // nothing usable, or wait for the best path to drain
       PathState& p = *paths_[choice->path];
       if (p.unackedBytes == 0) {
@@ -251,6 +277,7 @@ FrameHeader MultipathChannel::chunkHeader(const OutChunk& c) const {
   h.tag = c.msg->tag;
   h.seq = c.msg->seq;
   h.prevSameTag = c.msg->prevSameTag;
+  h.prevExact = c.msg->prevExact;
   h.offset = c.msg->chunkOffset(c.index);
   h.totalBytes = c.msg->totalBytes;
   h.length = c.msg->chunkLength(c.index);
@@ -275,6 +302,15 @@ void MultipathChannel::onChunkWritten(std::size_t path, const OutChunk& c) {
 }
 
 Status MultipathChannel::onAck(const FrameHeader& h, std::size_t path, std::int64_t nowUs) {
+  // Any acknowledgement on a path shows it moves again, even a late one for a chunk that
+  // another path delivered meanwhile.
+  PathState& via = *paths_[path];
+  via.lastProgressUs = nowUs;
+  if (via.stalled.exchange(false, std::memory_order_relaxed)) {
+    MLOG_INFO(kTransport, "path {} to rank {} recovered from a stall", path, peerRank_);
+    via.up->set(1);
+  }
+  if (h.seq >= drainedSendSeqEnd_) return peerError("ack for message {}, which was never sent", h.seq);
   auto it = sendingBySeq_.find(h.seq);
   if (it == sendingBySeq_.end()) return Status::ok();  // a duplicate ack of a finished message
   OutMessage& msg = *it->second;
@@ -286,16 +322,10 @@ Status MultipathChannel::onAck(const FrameHeader& h, std::size_t path, std::int6
   if (msg.state[i] == ChunkState::kAcked) return Status::ok();
   if (msg.state[i] == ChunkState::kAssigned) {
     PathState& p = *paths_[msg.assignedPath[i]];
-    p.unackedBytes -= msg.chunkLength(i);
-    p.rate.onAcked(msg.chunkLength(i), nowUs, p.unackedBytes > 0);
+    p.unackedBytes -= msg.chunkWireBytes(i);
+    p.rate.onAcked(msg.chunkWireBytes(i), nowUs, p.unackedBytes > 0);
     p.rateBytesPerSec.store(p.rate.bytesPerSec(), std::memory_order_relaxed);
     p.lastProgressUs = nowUs;
-  }
-  PathState& via = *paths_[path];
-  via.lastProgressUs = nowUs;
-  if (via.stalled.exchange(false, std::memory_order_relaxed)) {
-    MLOG_INFO(kTransport, "path {} to rank {} recovered from a stall", path, peerRank_);
-    via.up->set(1);
   }
   msg.state[i] = ChunkState::kAcked;
   if (++msg.acked == msg.chunkCount()) {
@@ -423,14 +453,10 @@ Result<RecvTarget> MultipathChannel::onDataHeader(const FrameHeader& h, std::siz
     msg->seq = h.seq;
     msg->tag = h.tag;
     msg->prevSameTag = h.prevSameTag;
+    msg->prevExact = h.prevExact;
     msg->totalBytes = h.totalBytes;
     it = incoming_.emplace(h.seq, msg).first;
-    bool inOrder = h.seq == nextMatchSeq_;
-    if (!inOrder && h.prevSameTag != kNoPrevSeq) {
-      auto last = lastMatchedByTag_.find(h.tag);
-      inOrder = last != lastMatchedByTag_.end() && last->second == h.prevSameTag;
-    }
-    if (inOrder) {
+    if (canMatch(*msg)) {
       matchReady(msg);
       if (failed()) return error_;
     } else {
@@ -474,12 +500,21 @@ void MultipathChannel::matchReady(std::shared_ptr<InMessage> msg) {
     for (auto& entry : incoming_) {
       const std::shared_ptr<InMessage>& other = entry.second;
       if (other->state != InState::kUnmatched || other.get() == m.get()) continue;
-      bool ready = entry.first == nextMatchSeq_ || (other->prevSameTag == m->seq && other->tag == m->tag);
-      if (ready && std::none_of(work.begin(), work.end(), [&](auto& w) { return w.get() == other.get(); })) {
+      if (canMatch(*other) && std::none_of(work.begin(), work.end(), [&](auto& w) { return w.get() == other.get(); })) {
         work.push_back(other);
       }
     }
   }
+}
+
+bool MultipathChannel::canMatch(const InMessage& m) const {
+  // Next in its tag's order once every earlier message with the tag is matched: it is the
+  // first with the tag, or all messages up to the bound are matched, or the exact
+  // previous one is the last matched with this tag.
+  if (m.seq == nextMatchSeq_ || m.prevSameTag == kNoPrevSeq || m.prevSameTag < nextMatchSeq_) return true;
+  if (!m.prevExact) return false;
+  auto last = lastMatchedByTag_.find(m.tag);
+  return last != lastMatchedByTag_.end() && last->second == m.prevSameTag;
 }
 
 void MultipathChannel::markMatched(std::uint64_t seq) {

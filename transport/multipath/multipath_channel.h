@@ -5,9 +5,10 @@
 // each message exactly once (or fails it with a peer error when no path is left).
 //
 // Matching: the sender numbers messages per channel (seq) and tells, for each, the seq of
-// its previous message with the same tag; the receiver matches a message to the next
-// receive posted for its tag as soon as that previous message is matched (or, without
-// it, once every earlier seq is matched), so tags stay FIFO across paths.
+// its previous message with the same tag (or that it is the first with its tag, or a
+// bound on earlier ones once the tag was forgotten); the receiver matches a message to the
+// next receive posted for its tag as soon as every earlier message with that tag is
+// matched, so tags stay FIFO across paths and nothing waits for other tags.
 //
 // Threads: isend/irecv/pathStats/health from any thread (posting takes a short lock);
 // every other method only from the backend's progress thread, which owns all state.
@@ -114,6 +115,7 @@ class MultipathChannel : public Channel, public std::enable_shared_from_this<Mul
 
   void requeueChunksOf(std::size_t path);
   void matchReady(std::shared_ptr<InMessage> msg);
+  bool canMatch(const InMessage& m) const;
   void markMatched(std::uint64_t seq);
   Status bind(InMessage& msg, PostedRecv recv);
   void finishIn(const std::shared_ptr<InMessage>& msg);
@@ -130,12 +132,15 @@ class MultipathChannel : public Channel, public std::enable_shared_from_this<Mul
   mutable std::mutex postMu_;
   std::uint64_t nextSendSeq_ = 0;
   std::unordered_map<std::uint64_t, std::uint64_t> lastSentSeqByTag_;
+  bool forgotTags_ = false;            // some tags were dropped from lastSentSeqByTag_
+  std::uint64_t forgottenUpToSeq_ = 0;  // ... and their messages all have seq <= this
   std::vector<std::shared_ptr<OutMessage>> postedSends_;
   std::vector<PostedRecv> postedRecvs_;
   Status error_;
   std::atomic<bool> failed_{false};
 
   // Progress-thread state: sending.
+  std::uint64_t drainedSendSeqEnd_ = 0;  // every seq below this was taken into sending_
   std::deque<std::shared_ptr<OutMessage>> sending_;
   std::unordered_map<std::uint64_t, std::shared_ptr<OutMessage>> sendingBySeq_;
 

@@ -1,6 +1,7 @@
 // Chunk scheduling and rate estimation.
 #include "transport/multipath/scheduler.h"
 
+#include <algorithm>
 #include <limits>
 
 namespace meridian::transport {
@@ -31,11 +32,16 @@ void RateEstimator::onAcked(std::uint64_t bytes, std::int64_t nowUs, bool stillB
   if (intervalStartUs_ < 0) intervalStartUs_ = nowUs;
   intervalBytes_ += bytes;
   std::int64_t elapsed = nowUs - intervalStartUs_;
-  if (elapsed >= minIntervalUs_) {
-    double sample = static_cast<double>(intervalBytes_) * 1e6 / static_cast<double>(elapsed);
+  if (elapsed >= minIntervalUs_ && intervalBytes_ >= kMinSampleBytes) {
+    double sample = std::max(kMinRateBytesPerSec, static_cast<double>(intervalBytes_) * 1e6 / static_cast<double>(elapsed));
     rate_ = samples_ == 0 ? sample : 0.75 * rate_ + 0.25 * sample;
     ++samples_;
     intervalStartUs_ = stillBusy ? nowUs : -1;
+    intervalBytes_ = 0;
+  } else if (!stillBusy && elapsed >= minIntervalUs_) {
+    // A long interval with too few bytes to measure (small or zero-byte messages): it
+    // says nothing about the rate.
+    intervalStartUs_ = -1;
     intervalBytes_ = 0;
   } else if (!stillBusy) {
     // Too short to measure: drop the partial interval rather than bias the rate.

@@ -32,6 +32,11 @@ std::optional<PathChoice> pickPath(std::span<const PathLoad> paths, std::uint64_
 // `minIntervalUs` and smoothed with an EWMA. Times in microseconds.
 class RateEstimator {
  public:
+  // A sample needs this many bytes: tiny messages measure latency, not rate.
+  static constexpr std::uint64_t kMinSampleBytes = 64 * 1024;
+  // No sample drives a path's rate below this, so a path is never written off by one.
+  static constexpr double kMinRateBytesPerSec = 1e5;
+
   explicit RateEstimator(double initialBytesPerSec = 1e9, std::int64_t minIntervalUs = 5000)
       : rate_(initialBytesPerSec), minIntervalUs_(minIntervalUs) {}
   // The path went from idle to busy at `nowUs`.
