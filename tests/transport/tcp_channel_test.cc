@@ -2,6 +2,7 @@
 // FIFO matching per tag across paths, unexpected messages, failover and clean errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -69,7 +70,7 @@ void sendRecv(Pair& p, std::size_t bytes, std::uint64_t tag) {
   ASSERT_TRUE((*s)->wait(deadline).isOk()) << (*s)->status().toString();
   ASSERT_TRUE((*r)->wait(deadline).isOk()) << (*r)->status().toString();
   EXPECT_EQ((*r)->bytes(), bytes);
-  EXPECT_EQ(std::memcmp(out.data(), data.data(), bytes), 0);
+  EXPECT_TRUE(std::equal(data.begin(), data.end(), out.begin()));
   EXPECT_EQ(out[bytes], 0xee) << "wrote past the message";
 }
 

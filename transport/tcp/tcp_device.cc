@@ -93,14 +93,29 @@ struct ChannelEntry {
   bool ready = false;
 };
 
+// The progress thread's doorbell (an eventfd). Channels hold it by shared_ptr, so a
+// thread posting to a channel while its device is being destroyed rings a live eventfd.
+struct Waker {
+  UniqueFd fd;
+  std::atomic<bool> pending{false};
+  void ring() {
+    if (!pending.exchange(true, std::memory_order_acq_rel)) {
+      std::uint64_t one = 1;
+      ssize_t rc = ::write(fd.get(), &one, sizeof(one));
+      (void)rc;
+    }
+  }
+};
+
 struct TcpDevice::Impl {
   DeviceOptions options;
+  std::uint64_t maxUnexpectedBytes = 0;
+  std::chrono::milliseconds unclaimedTimeout{0};
   std::vector<UniqueFd> listeners;
   std::vector<std::string> listenAddrs;
   std::vector<std::string> localIps;
   UniqueFd epfd;
-  UniqueFd wakefd;
-  std::atomic<bool> wakePending{false};
+  std::shared_ptr<Waker> waker = std::make_shared<Waker>();
   std::atomic<bool> running{true};
   std::thread thread;
 
@@ -115,13 +130,7 @@ struct TcpDevice::Impl {
   std::map<int, Stream*> streamsByFd;
   std::int64_t lastStallCheckUs = 0;
 
-  void wake() {
-    if (!wakePending.exchange(true, std::memory_order_acq_rel)) {
-      std::uint64_t one = 1;
-      ssize_t rc = ::write(wakefd.get(), &one, sizeof(one));
-      (void)rc;
-    }
-  }
+  void wake() { waker->ring(); }
 
   // Runs `fn` on the progress thread and waits for it.
   void runOnProgress(std::function<void()> fn) {
@@ -164,7 +173,7 @@ MultipathConfig TcpDevice::Impl::channelConfig() const {
   MultipathConfig c;
   c.chunkBytes = static_cast<std::uint32_t>(options.chunkBytes);
   c.pathStallUs = static_cast<std::int64_t>(options.pathStallMs) * 1000;
-  c.maxUnexpectedBytes = static_cast<std::uint64_t>(knobInt(knobs::kMaxUnexpectedBytes, 0, INT64_MAX));
+  c.maxUnexpectedBytes = maxUnexpectedBytes;
   c.pathWindowBytes = std::max<std::uint64_t>(16u << 20, 4ull * options.chunkBytes);
   c.deviceName = options.name;
   return c;
@@ -283,7 +292,7 @@ void TcpDevice::Impl::stepHandshake(PendingHandshake& hs, std::uint32_t events) 
           return;
         }
         ::epoll_ctl(epfd.get(), EPOLL_CTL_DEL, hs.fd.get(), nullptr);
-        UnclaimedStream u{std::move(hs.fd), hs.info.value(), Clock::now() + std::chrono::milliseconds(knobInt(knobs::kTimeoutMs))};
+        UnclaimedStream u{std::move(hs.fd), hs.info.value(), Clock::now() + unclaimedTimeout};
         int key = u.fd.get();
         unclaimed.push_back(std::move(u));
         handshakes.erase(key);
@@ -462,6 +471,10 @@ void TcpDevice::Impl::readStream(Stream& s) {
 void TcpDevice::Impl::flushStream(Stream& s) {
   ChannelEntry& e = *s.entry;
   MultipathChannel& ch = *e.channel;
+  // A failed channel's messages were aborted, not acknowledged: finishing a half-written
+  // frame (with zeros) would hand the peer bytes it has not seen. Its streams are closed
+  // by progressChannels instead.
+  if (ch.failed()) return;
   while (!s.dead) {
     iovec iov[2];
     int iovcnt = 0;
@@ -560,11 +573,11 @@ void TcpDevice::Impl::loop() {
     for (int i = 0; i < n; ++i) {
       int fd = events[i].data.fd;
       std::uint32_t ev = events[i].events;
-      if (fd == wakefd.get()) {
+      if (fd == waker->fd.get()) {
         std::uint64_t v;
-        ssize_t rc = ::read(wakefd.get(), &v, sizeof(v));
+        ssize_t rc = ::read(waker->fd.get(), &v, sizeof(v));
         (void)rc;
-        wakePending.store(false, std::memory_order_release);
+        waker->pending.store(false, std::memory_order_release);
         continue;
       }
       bool isListener = false;
@@ -659,6 +672,8 @@ Result<std::unique_ptr<TcpDevice>> TcpDevice::create(DeviceOptions options) {
       options.chunkBytes = static_cast<std::size_t>(knobInt(knobs::kChunkBytes, 4096, kMaxChunkBytes));
     }
     if (options.pathStallMs <= 0) options.pathStallMs = static_cast<int>(knobInt(knobs::kPathStallMs, 1, 3'600'000));
+    impl->maxUnexpectedBytes = static_cast<std::uint64_t>(knobInt(knobs::kMaxUnexpectedBytes, 0, INT64_MAX));
+    impl->unclaimedTimeout = std::chrono::milliseconds(knobInt(knobs::kTimeoutMs, 1, INT64_MAX));
     if (options.secret.empty()) options.secret = loadJobSecret();
   } catch (const ConfigError& e) {
     return invalidArgument("{}", e.what());
@@ -684,9 +699,9 @@ Result<std::unique_ptr<TcpDevice>> TcpDevice::create(DeviceOptions options) {
   }
   impl->options = std::move(options);
   impl->epfd.reset(::epoll_create1(EPOLL_CLOEXEC));
-  impl->wakefd.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (!impl->epfd.valid() || !impl->wakefd.valid()) return internalError("epoll/eventfd: {}", errnoText(errno));
-  impl->epollSet(impl->wakefd.get(), EPOLLIN, true);
+  impl->waker->fd.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!impl->epfd.valid() || !impl->waker->fd.valid()) return internalError("epoll/eventfd: {}", errnoText(errno));
+  impl->epollSet(impl->waker->fd.get(), EPOLLIN, true);
   for (auto& l : impl->listeners) impl->epollSet(l.get(), EPOLLIN, true);
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->loop(); });
@@ -710,7 +725,7 @@ Result<ChannelPtr> TcpDevice::openChannel(const ChannelSpec& spec, TimePoint dea
   entry->streams.resize(nPaths);
   entry->expectedStreams.assign(nPaths, 0);
   entry->channel = std::make_shared<MultipathChannel>(spec.peerRank, std::move(endpoints), d.channelConfig(),
-                                                      [&d] { d.wake(); });
+                                                      [waker = d.waker] { waker->ring(); });
   ChannelEntry* e = entry.get();
 
   if (spec.initiate) {
