@@ -15,8 +15,31 @@ void Request::complete(Status status, std::size_t bytes) {
 }
 
 Status Request::wait(TimePoint deadline) {
-  // A short spin catches completions that are microseconds away without a sleep/wake.
-  for (int i = 0; i < 200 && !done(); ++i) std::this_thread::yield();
+  if (progressor_) {
+    // Drive the transport from here while it has work; completions microseconds away
+    // then cost no sleep and no wake-up.
+    TimePoint lastWork = Clock::now();
+    progressor_->beginPolling();
+    struct End {
+      Progressor* p;
+      ~End() { p->endPolling(); }
+    } end{progressor_.get()};
+    while (!done()) {
+      bool worked = progressor_->pollOnce();
+      if (done()) break;
+      TimePoint now = Clock::now();
+      if (now >= deadline) return timeoutError("request not complete at its deadline");
+      if (worked) {
+        lastWork = now;
+      } else if (now - lastWork > kIdleSpin) {
+        break;
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  } else {
+    for (int i = 0; i < 200 && !done(); ++i) std::this_thread::yield();
+  }
   if (!done()) {
     std::unique_lock lock(mu_);
     waiting_ = true;

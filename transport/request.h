@@ -13,14 +13,35 @@
 
 namespace meridian::transport {
 
+// Lets a waiting thread drive its transport's progress itself instead of sleeping until
+// the progress thread has done it (saves thread hand-offs on small messages).
+class Progressor {
+ public:
+  virtual ~Progressor() = default;
+  // One non-blocking round of progress, unless another thread is making progress right
+  // now; true when it found work (events, commands). `*ran` (when given) says whether the
+  // round ran at all.
+  virtual bool pollOnce(bool* ran = nullptr) = 0;
+  // A thread starts or stops polling (the progress thread stands aside meanwhile, so the
+  // two do not wake each other for the same events).
+  virtual void beginPolling() {}
+  virtual void endPolling() {}
+};
+
 class Request {
  public:
+  Request() = default;
+  explicit Request(std::shared_ptr<Progressor> progressor) : progressor_(std::move(progressor)) {}
+
   // True once the operation finished (successfully or not). Never blocks.
   bool done() const { return done_.load(std::memory_order_acquire); }
   // Blocks until done or until `deadline`; returns the operation's status, or kTimeout
   // when the deadline passed first (the operation keeps running; wait again later).
+  // While the transport has work it polls it from this thread; once it goes quiet for
+  // kIdleSpin it sleeps and leaves progress to the transport's own thread.
   Status wait(TimePoint deadline);
   Status wait() { return wait(TimePoint::max()); }
+  static constexpr std::chrono::microseconds kIdleSpin{100};
   // Valid once done(): the final status and the bytes moved (for a receive, the size of
   // the message that arrived, which may be smaller than the buffer).
   const Status& status() const { return status_; }
@@ -36,6 +57,7 @@ class Request {
   std::mutex mu_;
   std::condition_variable cv_;
   bool waiting_ = false;
+  std::shared_ptr<Progressor> progressor_;
 };
 
 using RequestPtr = std::shared_ptr<Request>;

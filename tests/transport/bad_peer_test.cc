@@ -179,7 +179,7 @@ TEST(BadPeerTest, GarbageFramesCloseTheConnection) {
 TEST(BadPeerTest, AckForAChunkNeverSentIsRefused) {
   auto victim = device("v");
   RawPeer rp = rawPeer(*victim, 88);
-  std::vector<std::uint8_t> data(1000, 1);
+  std::vector<std::uint8_t> data(1 << 20, 1);  // large enough not to complete eagerly
   auto s = rp.victimChannel->isend(data.data(), data.size(), 0).value();
   FrameHeader ack;
   ack.type = FrameType::kAck;

@@ -935,7 +935,7 @@ TEST(ZeroByteTest, LateAckOfAZeroByteFirstMessageDoesNotKillThePath) {
   auto r0 = rp.p.ba->irecv(nullptr, 0, 1).value();
   auto s0 = rp.p.ab->isend(nullptr, 0, 1).value();
   // Held back by the paused relay: it cannot complete yet (this wait is meant to time out).
-  EXPECT_EQ(s0->wait(Clock::now() + 30ms).code(), StatusCode::kTimeout);
+  EXPECT_EQ(r0->wait(Clock::now() + 30ms).code(), StatusCode::kTimeout);
   rp.relay->resume();
   ASSERT_TRUE(s0->wait(Clock::now() + 10s).isOk());
   ASSERT_TRUE(r0->wait(Clock::now() + 10s).isOk());

@@ -24,6 +24,8 @@ struct OutMessage {
   std::uint32_t firstPending = 0;  // no pending chunk below this index
   std::uint32_t acked = 0;
   bool finished = false;
+  bool eager = false;                 // data points into `copy`; req completed at post
+  std::vector<std::uint8_t> copy;
   RequestPtr req;
 
   std::uint32_t chunkCount() const { return static_cast<std::uint32_t>(state.size()); }
@@ -45,7 +47,7 @@ struct InMessage {
   std::uint64_t totalBytes = 0;
   InState state = InState::kUnmatched;
   std::uint8_t* dest = nullptr;          // where payload bytes go now
-  std::vector<std::uint8_t> buffer;      // holds data until a receive is posted
+  BufferPool::Buffer buffer;             // holds data until a receive is posted
   RequestPtr req;
   std::uint64_t doneBytes = 0;
   std::uint32_t doneChunks = 0;
@@ -77,8 +79,11 @@ constexpr std::size_t kMaxTagMemo = 4096;  // tags remembered per direction (see
 }  // namespace
 
 MultipathChannel::MultipathChannel(int peerRank, std::vector<PathEndpoints> paths, MultipathConfig config,
-                                   std::function<void()> wakeProgress)
-    : peerRank_(peerRank), config_(std::move(config)), wake_(std::move(wakeProgress)) {
+                                   std::function<void()> wakeProgress, std::shared_ptr<Progressor> progressor)
+    : peerRank_(peerRank),
+      config_(std::move(config)),
+      wake_(std::move(wakeProgress)),
+      progressor_(std::move(progressor)) {
   auto& reg = MetricsRegistry::global();
   for (std::size_t i = 0; i < paths.size(); ++i) {
     auto p = std::make_unique<PathState>();
@@ -99,6 +104,47 @@ MultipathChannel::MultipathChannel(int peerRank, std::vector<PathEndpoints> path
 
 MultipathChannel::~MultipathChannel() = default;
 
+BufferPool::Buffer BufferPool::take(std::uint64_t bytes) {
+  // Reuse a cached buffer of at least `bytes` (and at most twice that) when there is one:
+  // fresh memory costs a page fault per 4 KiB.
+  auto it = free_.lower_bound(bytes);
+  if (it != free_.end() && it->first <= 2 * bytes) {
+    Buffer b{std::move(it->second), it->first};
+    cachedBytes_ -= it->first;
+    free_.erase(it);
+    return b;
+  }
+  return Buffer{std::make_unique_for_overwrite<std::uint8_t[]>(bytes), bytes};
+}
+
+void BufferPool::give(Buffer b) {
+  if (!b.data) return;
+  while (cachedBytes_ + b.capacity > maxCachedBytes_ && !free_.empty()) {
+    cachedBytes_ -= free_.begin()->first;
+    free_.erase(free_.begin());
+  }
+  if (b.capacity > maxCachedBytes_) return;
+  cachedBytes_ += b.capacity;
+  free_.emplace(b.capacity, std::move(b.data));
+}
+
+void MultipathChannel::refuseNewPosts(const Status& why) {
+  std::lock_guard lock(postMu_);
+  closing_ = why;
+}
+
+bool MultipathChannel::hasUnackedEagerSends() const {
+  // Zero-byte eager sends count nothing here; the loop below looks at them too.
+  if (eagerBytes_.load(std::memory_order_relaxed) > 0) return true;
+  {
+    std::lock_guard lock(postMu_);
+    for (const auto& m : postedSends_) {
+      if (m->eager) return true;
+    }
+  }
+  return std::any_of(sending_.begin(), sending_.end(), [](const auto& m) { return m->eager && !m->finished; });
+}
+
 bool MultipathChannel::pathAlive(std::size_t path) const {
   return paths_[path]->alive.load(std::memory_order_relaxed);
 }
@@ -116,10 +162,23 @@ Result<RequestPtr> MultipathChannel::isend(const void* data, std::size_t bytes, 
   std::uint64_t chunks = bytes == 0 ? 1 : (bytes + config_.chunkBytes - 1) / config_.chunkBytes;
   msg->state.assign(chunks, ChunkState::kPending);
   msg->assignedPath.assign(chunks, 0);
-  msg->req = std::make_shared<Request>();
+  msg->req = std::make_shared<Request>(progressor_);
+  // Small sends are copied and complete now (like MPI's eager protocol): the copy serves
+  // any resend, and the caller saves the wait for the acknowledgement.
+  if (bytes <= config_.eagerMaxBytes &&
+      eagerBytes_.fetch_add(bytes, std::memory_order_relaxed) + bytes <= config_.eagerBudgetBytes) {
+    msg->eager = true;
+    msg->copy.assign(msg->data, msg->data + bytes);
+    msg->data = msg->copy.data();
+  } else if (bytes <= config_.eagerMaxBytes) {
+    eagerBytes_.fetch_sub(bytes, std::memory_order_relaxed);
+  }
   {
     std::lock_guard lock(postMu_);
-    if (failed_.load(std::memory_order_relaxed)) return error_;
+    if (failed_.load(std::memory_order_relaxed) || !closing_.isOk()) {
+      if (msg->eager) eagerBytes_.fetch_sub(bytes, std::memory_order_relaxed);
+      return failed_.load(std::memory_order_relaxed) ? error_ : closing_;
+    }
     msg->seq = nextSendSeq_++;
     auto [it, inserted] = lastSentSeqByTag_.try_emplace(tag, msg->seq);
     if (!inserted) {
@@ -141,20 +200,30 @@ Result<RequestPtr> MultipathChannel::isend(const void* data, std::size_t bytes, 
     }
     postedSends_.push_back(msg);
   }
-  wake_();
+  if (msg->eager) msg->req->complete(Status::ok(), bytes);
+  kick();
   return msg->req;
 }
 
 Result<RequestPtr> MultipathChannel::irecv(void* data, std::size_t capacityBytes, std::uint64_t tag) {
   if (data == nullptr && capacityBytes > 0) return invalidArgument("irecv: null buffer with {} bytes", capacityBytes);
-  auto req = std::make_shared<Request>();
+  auto req = std::make_shared<Request>(progressor_);
   {
     std::lock_guard lock(postMu_);
     if (failed_.load(std::memory_order_relaxed)) return error_;
+    if (!closing_.isOk()) return closing_;
     postedRecvs_.push_back({static_cast<std::uint8_t*>(data), capacityBytes, tag, req});
   }
-  wake_();
+  kick();
   return req;
+}
+
+void MultipathChannel::kick() {
+  // Start the work from this thread when the engine is free (no hand-off to the progress
+  // thread); otherwise ring its doorbell.
+  bool ran = false;
+  if (progressor_) progressor_->pollOnce(&ran);
+  if (!ran) wake_();
 }
 
 std::vector<PathStats> MultipathChannel::pathStats() const {
@@ -330,7 +399,11 @@ Status MultipathChannel::onAck(const FrameHeader& h, std::size_t path, std::int6
   msg.state[i] = ChunkState::kAcked;
   if (++msg.acked == msg.chunkCount()) {
     msg.finished = true;
-    msg.req->complete(Status::ok(), msg.totalBytes);
+    if (msg.eager) {
+      eagerBytes_.fetch_sub(msg.totalBytes, std::memory_order_relaxed);
+    } else {
+      msg.req->complete(Status::ok(), msg.totalBytes);
+    }
     sendingBySeq_.erase(it);
     while (!sending_.empty() && sending_.front()->finished) sending_.pop_front();
   }
@@ -428,20 +501,21 @@ bool MultipathChannel::isFinishedSeq(std::uint64_t seq) const {
 }
 
 Status MultipathChannel::allocateBuffer(InMessage& msg) {
-  if (!msg.buffer.empty() || msg.totalBytes == 0) return Status::ok();
+  if (msg.buffer.data || msg.totalBytes == 0) return Status::ok();
   if (bufferedBytes_ + msg.totalBytes > config_.maxUnexpectedBytes) {
     return peerError("rank {} sent {} bytes ahead of matching receives, over MERIDIAN_MAX_UNEXPECTED_BYTES={}",
                      peerRank_, bufferedBytes_ + msg.totalBytes, config_.maxUnexpectedBytes);
   }
-  msg.buffer.resize(msg.totalBytes);
+  msg.buffer = pool_.take(msg.totalBytes);
   bufferedBytes_ += msg.totalBytes;
-  msg.dest = msg.buffer.data();
+  msg.dest = msg.buffer.data.get();
   return Status::ok();
 }
 
 void MultipathChannel::releaseBuffer(InMessage& msg) {
-  bufferedBytes_ -= msg.buffer.size();
-  std::vector<std::uint8_t>().swap(msg.buffer);
+  if (!msg.buffer.data) return;
+  bufferedBytes_ -= msg.totalBytes;
+  pool_.give(std::move(msg.buffer));
 }
 
 Result<RecvTarget> MultipathChannel::onDataHeader(const FrameHeader& h, std::size_t path) {
@@ -539,8 +613,8 @@ Status MultipathChannel::bind(InMessage& msg, PostedRecv recv) {
     msg.dest = nullptr;
     return Status::ok();
   }
-  if (!msg.buffer.empty()) {
-    std::memcpy(recv.data, msg.buffer.data(), msg.totalBytes);
+  if (msg.buffer.data) {
+    std::memcpy(recv.data, msg.buffer.data.get(), msg.totalBytes);
     releaseBuffer(msg);
   }
   msg.dest = recv.data;

@@ -36,6 +36,8 @@ namespace meridian::transport {
 
 struct MultipathConfig {
   std::uint32_t chunkBytes = 512 * 1024;
+  std::uint64_t eagerMaxBytes = 64 * 1024;        // sends up to this size are copied (eager)
+  std::uint64_t eagerBudgetBytes = 16u << 20;     // eager copies not yet acknowledged, at most
   std::uint64_t pathWindowBytes = 16u << 20;      // unacknowledged bytes per path
   std::int64_t pathStallUs = 3'000'000;
   std::uint64_t maxUnexpectedBytes = 1ull << 30;
@@ -45,6 +47,24 @@ struct MultipathConfig {
 struct PathEndpoints {
   std::string localAddress;
   std::string remoteAddress;
+};
+
+// Buffers for messages that arrive before their receive, kept for reuse (up to a bound)
+// so the data path does not fault in fresh pages for each one. Progress thread only.
+class BufferPool {
+ public:
+  struct Buffer {
+    std::unique_ptr<std::uint8_t[]> data;
+    std::uint64_t capacity = 0;
+  };
+  explicit BufferPool(std::uint64_t maxCachedBytes) : maxCachedBytes_(maxCachedBytes) {}
+  Buffer take(std::uint64_t bytes);
+  void give(Buffer b);
+
+ private:
+  std::uint64_t maxCachedBytes_;
+  std::uint64_t cachedBytes_ = 0;
+  std::multimap<std::uint64_t, std::unique_ptr<std::uint8_t[]>> free_;
 };
 
 struct OutMessage;
@@ -65,7 +85,7 @@ struct RecvTarget {
 class MultipathChannel : public Channel, public std::enable_shared_from_this<MultipathChannel> {
  public:
   MultipathChannel(int peerRank, std::vector<PathEndpoints> paths, MultipathConfig config,
-                   std::function<void()> wakeProgress);
+                   std::function<void()> wakeProgress, std::shared_ptr<Progressor> progressor = nullptr);
   ~MultipathChannel() override;
 
   // Channel (any thread).
@@ -102,6 +122,10 @@ class MultipathChannel : public Channel, public std::enable_shared_from_this<Mul
   // Fails every outstanding request and all later calls with `why`.
   void fail(const Status& why);
   bool failed() const { return failed_.load(std::memory_order_acquire); }
+  // From now on isend/irecv fail with `why` (the device is closing); what was posted goes on.
+  void refuseNewPosts(const Status& why);
+  // Eager sends (complete for their callers) the peer has not acknowledged yet.
+  bool hasUnackedEagerSends() const;
   bool pathAlive(std::size_t path) const;
 
  private:
@@ -113,6 +137,7 @@ class MultipathChannel : public Channel, public std::enable_shared_from_this<Mul
     RequestPtr req;
   };
 
+  void kick();
   void requeueChunksOf(std::size_t path);
   void matchReady(std::shared_ptr<InMessage> msg);
   bool canMatch(const InMessage& m) const;
@@ -126,6 +151,9 @@ class MultipathChannel : public Channel, public std::enable_shared_from_this<Mul
   const int peerRank_;
   const MultipathConfig config_;
   std::function<void()> wake_;
+  std::shared_ptr<Progressor> progressor_;
+  // Small sends are copied and complete at once (eager); bytes copied and not yet acked.
+  std::atomic<std::uint64_t> eagerBytes_{0};
   std::vector<std::unique_ptr<PathState>> paths_;
 
   // Posting side (any thread), under postMu_.
@@ -138,6 +166,7 @@ class MultipathChannel : public Channel, public std::enable_shared_from_this<Mul
   std::vector<PostedRecv> postedRecvs_;
   Status error_;
   std::atomic<bool> failed_{false};
+  Status closing_;  // non-ok once the device refuses new posts
 
   // Progress-thread state: sending.
   std::uint64_t drainedSendSeqEnd_ = 0;  // every seq below this was taken into sending_
@@ -152,6 +181,7 @@ class MultipathChannel : public Channel, public std::enable_shared_from_this<Mul
   std::unordered_map<std::uint64_t, std::deque<PostedRecv>> recvsByTag_;
   std::unordered_map<std::uint64_t, std::deque<std::shared_ptr<InMessage>>> unexpectedByTag_;
   std::uint64_t bufferedBytes_ = 0;
+  BufferPool pool_{64u << 20};
 };
 
 }  // namespace meridian::transport

@@ -10,6 +10,7 @@
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -27,8 +28,10 @@ namespace meridian::transport::tcp {
 
 namespace {
 
-constexpr std::size_t kReadBufferBytes = 256 * 1024;
-constexpr std::size_t kDirectReadMinBytes = 64 * 1024;
+// Headers, acks and small payloads are read through a small stream buffer; the rest of a
+// larger payload goes straight from the socket into its destination (no extra copy).
+constexpr std::size_t kReadBufferBytes = 8 * 1024;
+constexpr std::size_t kDirectReadMinBytes = 8 * 1024;
 constexpr std::size_t kReadBudgetBytes = 8u << 20;
 constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
 
@@ -107,8 +110,28 @@ struct Waker {
   }
 };
 
+// Progress from waiting threads: whoever holds `mu` runs the engine (the progress thread
+// or a thread in Request::wait). `impl` is cleared when the device goes away; requests
+// that outlive it then simply wait.
+struct Poller : Progressor {
+  std::mutex mu;
+  struct TcpDevice::Impl* impl = nullptr;
+  bool pollOnce(bool* ran = nullptr) override;
+  void beginPolling() override { pollers.fetch_add(1, std::memory_order_acq_rel); }
+  void endPolling() override {
+    if (pollers.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard lock(idleMu);
+      idleCv.notify_all();
+    }
+  }
+  std::atomic<int> pollers{0};
+  std::mutex idleMu;
+  std::condition_variable idleCv;
+};
+
 struct TcpDevice::Impl {
   DeviceOptions options;
+  std::shared_ptr<Poller> poller = std::make_shared<Poller>();
   std::uint64_t maxUnexpectedBytes = 0;
   std::chrono::milliseconds unclaimedTimeout{0};
   std::vector<UniqueFd> listeners;
@@ -157,6 +180,8 @@ struct TcpDevice::Impl {
   }
 
   void loop();
+  // One round of the engine over `n` ready events; the caller holds poller->mu.
+  void processEvents(const epoll_event* events, int n);
   void acceptAll(std::size_t listenerIndex);
   void stepHandshake(PendingHandshake& hs, std::uint32_t events);
   void claimStreams();
@@ -563,48 +588,73 @@ void TcpDevice::Impl::progressChannels() {
   }
 }
 
+void TcpDevice::Impl::processEvents(const epoll_event* events, int n) {
+  for (int i = 0; i < n; ++i) {
+    int fd = events[i].data.fd;
+    std::uint32_t ev = events[i].events;
+    if (fd == waker->fd.get()) {
+      std::uint64_t v;
+      ssize_t rc = ::read(waker->fd.get(), &v, sizeof(v));
+      (void)rc;
+      waker->pending.store(false, std::memory_order_release);
+      continue;
+    }
+    bool isListener = false;
+    for (std::size_t l = 0; l < listeners.size(); ++l) {
+      if (listeners[l].get() == fd) {
+        acceptAll(l);
+        isListener = true;
+      }
+    }
+    if (isListener) continue;
+    if (auto hs = handshakes.find(fd); hs != handshakes.end()) {
+      stepHandshake(*hs->second, ev);
+      continue;
+    }
+    // Another thread may have handled this event already (and even closed the fd):
+    // handlers find nothing to read or write then.
+    auto st = streamsByFd.find(fd);
+    if (st == streamsByFd.end()) continue;
+    Stream& s = *st->second;
+    if (ev & (EPOLLIN | EPOLLERR | EPOLLHUP)) readStream(s);
+    if (!s.dead && (ev & EPOLLOUT)) flushStream(s);
+  }
+  std::vector<std::function<void()>> cmds;
+  {
+    std::lock_guard lock(cmdMu);
+    cmds.swap(commands);
+  }
+  for (auto& c : cmds) c();
+  progressChannels();
+}
+
+bool Poller::pollOnce(bool* ran) {
+  std::unique_lock lock(mu, std::try_to_lock);
+  if (ran != nullptr) *ran = lock.owns_lock() && impl != nullptr;
+  if (!lock.owns_lock() || impl == nullptr) return false;
+  epoll_event events[64];
+  int n = ::epoll_wait(impl->epfd.get(), events, 64, 0);
+  impl->processEvents(events, std::max(n, 0));
+  return n > 0;
+}
+
 void TcpDevice::Impl::loop() {
   std::string threadName = "mer-tcp-" + options.name;
   threadName.resize(std::min<std::size_t>(threadName.size(), 15));
   pthread_setname_np(pthread_self(), threadName.c_str());
   epoll_event events[64];
   while (running.load(std::memory_order_acquire)) {
-    int n = ::epoll_wait(epfd.get(), events, 64, 10);
-    for (int i = 0; i < n; ++i) {
-      int fd = events[i].data.fd;
-      std::uint32_t ev = events[i].events;
-      if (fd == waker->fd.get()) {
-        std::uint64_t v;
-        ssize_t rc = ::read(waker->fd.get(), &v, sizeof(v));
-        (void)rc;
-        waker->pending.store(false, std::memory_order_release);
-        continue;
-      }
-      bool isListener = false;
-      for (std::size_t l = 0; l < listeners.size(); ++l) {
-        if (listeners[l].get() == fd) {
-          acceptAll(l);
-          isListener = true;
-        }
-      }
-      if (isListener) continue;
-      if (auto hs = handshakes.find(fd); hs != handshakes.end()) {
-        stepHandshake(*hs->second, ev);
-        continue;
-      }
-      auto st = streamsByFd.find(fd);
-      if (st == streamsByFd.end()) continue;
-      Stream& s = *st->second;
-      if (ev & (EPOLLIN | EPOLLERR | EPOLLHUP)) readStream(s);
-      if (!s.dead && (ev & EPOLLOUT)) flushStream(s);
+    if (poller->pollers.load(std::memory_order_acquire) > 0) {
+      // Threads in Request::wait are making progress: stay out of their way, but look in
+      // now and then (timers, and in case they stop without new work).
+      std::unique_lock idle(poller->idleMu);
+      poller->idleCv.wait_for(idle, std::chrono::milliseconds(2), [&] {
+        return poller->pollers.load(std::memory_order_acquire) == 0 || !running.load(std::memory_order_acquire);
+      });
     }
-    std::vector<std::function<void()>> cmds;
-    {
-      std::lock_guard lock(cmdMu);
-      cmds.swap(commands);
-    }
-    for (auto& c : cmds) c();
-    progressChannels();
+    int n = ::epoll_wait(epfd.get(), events, 64, poller->pollers.load(std::memory_order_acquire) > 0 ? 0 : 10);
+    std::lock_guard lock(poller->mu);
+    processEvents(events, std::max(n, 0));
     // Expire handshakes and streams nobody claimed.
     TimePoint now = Clock::now();
     for (auto it = handshakes.begin(); it != handshakes.end();) {
@@ -623,7 +673,9 @@ void TcpDevice::Impl::loop() {
       return true;
     });
   }
+  std::lock_guard lock(poller->mu);
   shutdownAll();
+  poller->impl = nullptr;
 }
 
 void TcpDevice::Impl::shutdownAll() {
@@ -655,7 +707,27 @@ TcpDevice::TcpDevice(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 TcpDevice::~TcpDevice() {
   if (impl_ && impl_->thread.joinable()) {
+    // Eager sends completed for their callers before the peer had them: deliver what is
+    // still unacknowledged before closing (bounded, in case a peer is gone).
+    impl_->runOnProgress([&] {
+      for (auto& e : impl_->channels) e->channel->refuseNewPosts(commError("the transport device is closing"));
+    });
+    auto deadline = Clock::now() + std::chrono::seconds(5);
+    while (Clock::now() < deadline) {
+      bool busy = false;
+      impl_->runOnProgress([&] {
+        for (auto& e : impl_->channels) {
+          if (e->ready && !e->channel->failed() && e->channel->hasUnackedEagerSends()) busy = true;
+        }
+      });
+      if (!busy) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     impl_->running.store(false, std::memory_order_release);
+    {
+      std::lock_guard lock(impl_->poller->idleMu);
+      impl_->poller->idleCv.notify_all();
+    }
     impl_->wake();
     impl_->thread.join();
   }
@@ -704,6 +776,7 @@ Result<std::unique_ptr<TcpDevice>> TcpDevice::create(DeviceOptions options) {
   impl->epollSet(impl->waker->fd.get(), EPOLLIN, true);
   for (auto& l : impl->listeners) impl->epollSet(l.get(), EPOLLIN, true);
   Impl* raw = impl.get();
+  impl->poller->impl = raw;
   impl->thread = std::thread([raw] { raw->loop(); });
   MLOG_INFO(kTransport, "TCP device {} listening on {} ({} streams per path)", raw->options.name,
             fmt::join(raw->listenAddrs, ", "), raw->options.streamsPerPath);
@@ -725,7 +798,7 @@ Result<ChannelPtr> TcpDevice::openChannel(const ChannelSpec& spec, TimePoint dea
   entry->streams.resize(nPaths);
   entry->expectedStreams.assign(nPaths, 0);
   entry->channel = std::make_shared<MultipathChannel>(spec.peerRank, std::move(endpoints), d.channelConfig(),
-                                                      [waker = d.waker] { waker->ring(); });
+                                                      [waker = d.waker] { waker->ring(); }, d.poller);
   ChannelEntry* e = entry.get();
 
   if (spec.initiate) {
