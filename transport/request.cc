@@ -1,9 +1,39 @@
 // Request completion and waiting.
 #include "transport/request.h"
 
+#include <algorithm>
 #include <thread>
 
+#include "core/knobs.h"
+
 namespace meridian::transport {
+
+namespace {
+
+// More local ranks than cores: a waiting rank yields at once instead of spinning briefly.
+bool oversubscribed() {
+  static const bool value = [] {
+    try {
+      std::int64_t local = knobInt(knobs::kLocalWorldSize);
+      return local > 0 && static_cast<unsigned>(local) > std::max(1u, std::thread::hardware_concurrency());
+    } catch (const ConfigError&) {
+      return false;
+    }
+  }();
+  return value;
+}
+
+void cpuRelax() {
+  for (int i = 0; i < 64; ++i) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
+}
+
+}  // namespace
 
 void Request::complete(Status status, std::size_t bytes) {
   std::lock_guard lock(mu_);
@@ -22,8 +52,9 @@ Status Request::wait(TimePoint deadline) {
     progressor_->beginPolling();
     struct End {
       Progressor* p;
-      ~End() { p->endPolling(); }
-    } end{progressor_.get()};
+      const Request* r;
+      ~End() { p->endPolling(!r->done()); }
+    } end{progressor_.get(), this};
     while (!done()) {
       bool worked = progressor_->pollOnce();
       if (done()) break;
@@ -33,8 +64,10 @@ Status Request::wait(TimePoint deadline) {
         lastWork = now;
       } else if (now - lastWork > kIdleSpin) {
         break;
+      } else if (oversubscribed() || now - lastWork > std::chrono::microseconds(20)) {
+        std::this_thread::yield();  // let other ranks sharing this core run
       } else {
-        std::this_thread::yield();
+        cpuRelax();
       }
     }
   } else {

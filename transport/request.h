@@ -25,7 +25,9 @@ class Progressor {
   // A thread starts or stops polling (the progress thread stands aside meanwhile, so the
   // two do not wake each other for the same events).
   virtual void beginPolling() {}
-  virtual void endPolling() {}
+  // `handOver`: the caller is about to sleep, so the progress thread must take over now
+  // (otherwise it looks in on its own within a couple of milliseconds).
+  virtual void endPolling(bool handOver) { (void)handOver; }
 };
 
 class Request {

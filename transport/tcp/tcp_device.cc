@@ -118,8 +118,8 @@ struct Poller : Progressor {
   struct TcpDevice::Impl* impl = nullptr;
   bool pollOnce(bool* ran = nullptr) override;
   void beginPolling() override { pollers.fetch_add(1, std::memory_order_acq_rel); }
-  void endPolling() override {
-    if (pollers.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+  void endPolling(bool handOver) override {
+    if (pollers.fetch_sub(1, std::memory_order_acq_rel) == 1 && handOver) {
       std::lock_guard lock(idleMu);
       idleCv.notify_all();
     }
