@@ -31,6 +31,12 @@ for n in "${ranks[@]}"; do
     "$build/bench/mpi-coll-bench" --ops all_reduce "${sizes[@]}" --label "tcp btl, ring" | tee "$tmp/mpi-ring"
   echo "== $n ranks: Meridian"
   "$build/bench/meridian-bench" --ranks "$n" --ops all_reduce "${sizes[@]}" | tee "$tmp/meridian"
+  # Small-message latency needs many iterations to settle (the sweep does 20 per size).
+  lat=(-b 8 -e 8 -n 2000 -w 200)
+  mpiLat=$("${mpi[@]}" -np "$n" "$build/bench/mpi-coll-bench" --ops all_reduce "${lat[@]}" | awk '/^  all_reduce/ {print $7}')
+  merLat=$("$build/bench/meridian-bench" --ranks "$n" --ops all_reduce "${lat[@]}" | awk '/^  all_reduce/ {print $7}')
+  latLine="8-byte allreduce latency over 2000 iterations (after 200 warm-up): OpenMPI default ${mpiLat} us, Meridian ${merLat} us, ratio $(awk -v a="$merLat" -v b="$mpiLat" 'BEGIN {printf "%.2f", a / b}')"
+  echo "$latLine"
   # Ratio table: Meridian busbw over the better OpenMPI busbw; latency ratio at each size.
   ratios=$(awk '
     FNR == 1 { file++ }
@@ -59,6 +65,8 @@ for n in "${ranks[@]}"; do
     echo "busbw in GB/s (nccl-tests convention, 2(n-1)/n x algbw). Ratio > 1: Meridian is faster."
     echo
     echo "$ratios"
+    echo
+    echo "$latLine"
     echo
     echo "## Raw tables"
     for f in mpi-default mpi-ring meridian; do echo; echo '```'; cat "$tmp/$f"; echo '```'; done

@@ -7,4 +7,4 @@ source "$(dirname "$0")/lib/common.sh"
 ensure_packages
 configure_and_build meridian-bench
 say "running every collective across 4 local ranks"
-exec "$MERIDIAN_BUILD/bench/meridian-bench" --ranks 4 --ops all -b 8 -e 64M -f 4 "$@"
+exec "$MERIDIAN_BUILD/bench/meridian-bench" --ranks 4 --ops all -b 16 -e 64M -f 4 "$@"
