@@ -214,7 +214,8 @@ Result<RequestPtr> MultipathChannel::irecv(void* data, std::size_t capacityBytes
     if (!closing_.isOk()) return closing_;
     postedRecvs_.push_back({static_cast<std::uint8_t*>(data), capacityBytes, tag, req});
   }
-  kick();
+  // No kick: whoever runs the engine next takes posted receives in before it reads any
+  // data (TcpDevice::processEvents), so the receive is in place when its message lands.
   return req;
 }
 

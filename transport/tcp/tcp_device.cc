@@ -33,6 +33,11 @@ namespace {
 constexpr std::size_t kReadBufferBytes = 8 * 1024;
 constexpr std::size_t kDirectReadMinBytes = 8 * 1024;
 constexpr std::size_t kReadBudgetBytes = 8u << 20;
+// Acks of chunks this large go out at once (their sender waits for them); smaller ones
+// wait up to kAckDelayUs for company, or until kAckBatchBytes of them are queued.
+constexpr std::uint32_t kUrgentAckChunkBytes = 64 * 1024;
+constexpr std::int64_t kAckDelayUs = 200;
+constexpr std::size_t kAckBatchBytes = 32 * kFrameHeaderBytes;
 constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
 
 std::string errnoText(int e) { return std::strerror(e); }
@@ -80,6 +85,8 @@ struct Stream {
   // Writing: control frames (acks, close) go out between data frames.
   std::vector<std::uint8_t> ctrl;
   std::size_t ctrlDone = 0;
+  bool ctrlUrgent = false;      // an ack of a large chunk (its sender waits for it)
+  std::int64_t ctrlSinceUs = 0; // when the oldest unsent control frame was queued
   bool writing = false;
   OutChunk chunk;
   FrameHeaderBytes chunkHeader{};
@@ -488,7 +495,9 @@ void TcpDevice::Impl::readStream(Stream& s) {
         return;
       }
       auto bytes = encodeFrameHeader(ack.value());
+      if (s.ctrlDone == s.ctrl.size()) s.ctrlSinceUs = nowUs();
       s.ctrl.insert(s.ctrl.end(), bytes.begin(), bytes.end());
+      if (ack->length >= kUrgentAckChunkBytes) s.ctrlUrgent = true;
     }
   }
 }
@@ -503,14 +512,23 @@ void TcpDevice::Impl::flushStream(Stream& s) {
   while (!s.dead) {
     iovec iov[2];
     int iovcnt = 0;
-    if (!s.writing && s.ctrlDone == s.ctrl.size()) {
-      s.ctrl.clear();
-      s.ctrlDone = 0;
+    if (!s.writing) {
+      bool ctrlPending = s.ctrlDone < s.ctrl.size();
+      if (!ctrlPending) {
+        s.ctrl.clear();
+        s.ctrlDone = 0;
+        s.ctrlUrgent = false;
+      }
       if (ch.nextChunk(s.path, &s.chunk)) {
         s.chunkHeader = encodeFrameHeader(ch.chunkHeader(s.chunk));
         s.writing = true;
         s.written = 0;
         s.frameBytes = kFrameHeaderBytes + ch.chunkHeader(s.chunk).length;
+      } else if (ctrlPending && !s.ctrlUrgent && s.ctrl.size() - s.ctrlDone < kAckBatchBytes &&
+                 nowUs() - s.ctrlSinceUs < kAckDelayUs) {
+        // Acks of small messages wait briefly for company (data or more acks): their
+        // senders completed already (eager), and the receiver returns sooner.
+        break;
       }
     }
     if (s.ctrlDone < s.ctrl.size() && (!s.writing || s.written == 0)) {
@@ -589,6 +607,12 @@ void TcpDevice::Impl::progressChannels() {
 }
 
 void TcpDevice::Impl::processEvents(const epoll_event* events, int n) {
+  // Receives posted since the last round go in first, so data lands in place.
+  if (n > 0) {
+    for (auto& e : channels) {
+      if (e->ready && !e->channel->failed()) e->channel->drainPosted();
+    }
+  }
   for (int i = 0; i < n; ++i) {
     int fd = events[i].data.fd;
     std::uint32_t ev = events[i].events;
