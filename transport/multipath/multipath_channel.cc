@@ -284,7 +284,9 @@ void MultipathChannel::drainPosted() {
 }
 
 void MultipathChannel::schedule(std::int64_t nowUs) {
-  std::vector<PathLoad> loads(paths_.size());
+  if (sending_.empty()) return;
+  std::vector<PathLoad>& loads = loads_;  // reused: no allocation on the data path
+  loads.resize(paths_.size());
   bool anyUsable = false;
   for (std::size_t i = 0; i < paths_.size(); ++i) {
     const PathState& p = *paths_[i];

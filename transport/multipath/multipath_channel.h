@@ -169,6 +169,7 @@ class MultipathChannel : public Channel, public std::enable_shared_from_this<Mul
   Status closing_;  // non-ok once the device refuses new posts
 
   // Progress-thread state: sending.
+  std::vector<PathLoad> loads_;  // scratch for schedule()
   std::uint64_t drainedSendSeqEnd_ = 0;  // every seq below this was taken into sending_
   std::deque<std::shared_ptr<OutMessage>> sending_;
   std::unordered_map<std::uint64_t, std::shared_ptr<OutMessage>> sendingBySeq_;
