@@ -43,7 +43,7 @@ class Request {
   // kIdleSpin it sleeps and leaves progress to the transport's own thread.
   Status wait(TimePoint deadline);
   Status wait() { return wait(TimePoint::max()); }
-  static constexpr std::chrono::microseconds kIdleSpin{100};
+  static constexpr std::chrono::microseconds kIdleSpin{1000};
   // Valid once done(): the final status and the bytes moved (for a receive, the size of
   // the message that arrived, which may be smaller than the buffer).
   const Status& status() const { return status_; }
