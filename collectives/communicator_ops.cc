@@ -48,6 +48,18 @@ ReduceOp wireOp(ReduceOp op) { return op == ReduceOp::kAvg ? ReduceOp::kSum : op
 
 namespace {
 
+// A rank's block buffer next to the whole (size * blockBytes) buffer: either apart from
+// it, or exactly at whole + rank * blockBytes (the in-place convention).
+Status checkBlockPlacement(const void* whole, const void* block, std::size_t blockBytes, int rank, int size,
+                           const char* message) {
+  if (blockBytes == 0) return Status::ok();
+  const auto* w = static_cast<const std::byte*>(whole);
+  const auto* b = static_cast<const std::byte*>(block);
+  const bool overlaps = b < w + blockBytes * static_cast<std::size_t>(size) && w < b + blockBytes;
+  if (overlaps && b != w + static_cast<std::size_t>(rank) * blockBytes) return invalidArgument("{}", message);
+  return Status::ok();
+}
+
 Status finishAvg(const AlgoContext& ctx, void* data, std::size_t count, ReduceOp op) {
   if (op == ReduceOp::kAvg && count > 0) kernels::divideBy(data, count, ctx.dtype, ctx.size);
   return Status::ok();
@@ -89,17 +101,8 @@ Communicator::WorkPtr Communicator::allreduceAsync(const void* send, void* recv,
 Status Communicator::reduceScatterArgs(const void* send, const void* recv, std::size_t recvCount, DataType dtype,
                                        ReduceOp op) const {
   MERIDIAN_RETURN_IF_ERROR(argsReduce(send, recv, recvCount, dtype, op, "reduce-scatter"));
-  if (recvCount > 0) {
-    const std::size_t block = recvCount * kernels::dataTypeSize(dtype);
-    const auto* s = static_cast<const std::byte*>(send);
-    const auto* r = static_cast<const std::byte*>(recv);
-    const auto* inPlace = s + static_cast<std::size_t>(rank_) * block;
-    const bool overlaps = r < s + block * static_cast<std::size_t>(size_) && s < r + block;
-    if (overlaps && r != inPlace) {
-      return invalidArgument("reduce-scatter: recv overlaps send but is not send + rank * recvCount elements");
-    }
-  }
-  return Status::ok();
+  return checkBlockPlacement(send, recv, recvCount * kernels::dataTypeSize(dtype), rank_, size_,
+                             "reduce-scatter: recv overlaps send but is not send + rank * recvCount elements");
 }
 
 Communicator::Body Communicator::reduceScatterBody(const void* send, void* recv, std::size_t recvCount,
@@ -128,17 +131,8 @@ Communicator::WorkPtr Communicator::reduceScatterAsync(const void* send, void* r
 Status Communicator::allgatherArgs(const void* send, const void* recv, std::size_t sendCount, DataType dtype) const {
   MERIDIAN_RETURN_IF_ERROR(checkDataType(dtype));
   MERIDIAN_RETURN_IF_ERROR(checkBuffers(send, recv, sendCount, "allgather"));
-  if (sendCount > 0) {
-    const std::size_t block = sendCount * kernels::dataTypeSize(dtype);
-    const auto* s = static_cast<const std::byte*>(send);
-    const auto* r = static_cast<const std::byte*>(recv);
-    const auto* inPlace = r + static_cast<std::size_t>(rank_) * block;
-    const bool overlaps = s < r + block * static_cast<std::size_t>(size_) && r < s + block;
-    if (overlaps && s != inPlace) {
-      return invalidArgument("allgather: send overlaps recv but is not recv + rank * sendCount elements");
-    }
-  }
-  return Status::ok();
+  return checkBlockPlacement(recv, send, sendCount * kernels::dataTypeSize(dtype), rank_, size_,
+                             "allgather: send overlaps recv but is not recv + rank * sendCount elements");
 }
 
 Status Communicator::allgather(const void* send, void* recv, std::size_t sendCount, DataType dtype) {

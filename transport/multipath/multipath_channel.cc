@@ -145,10 +145,6 @@ bool MultipathChannel::hasUnackedEagerSends() const {
   return std::any_of(sending_.begin(), sending_.end(), [](const auto& m) { return m->eager && !m->finished; });
 }
 
-bool MultipathChannel::pathAlive(std::size_t path) const {
-  return paths_[path]->alive.load(std::memory_order_relaxed);
-}
-
 // ---------------------------------------------------------------- posting (any thread)
 
 Result<RequestPtr> MultipathChannel::isend(const void* data, std::size_t bytes, std::uint64_t tag) {

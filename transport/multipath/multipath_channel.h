@@ -126,7 +126,6 @@ class MultipathChannel : public Channel, public std::enable_shared_from_this<Mul
   void refuseNewPosts(const Status& why);
   // Eager sends (complete for their callers) the peer has not acknowledged yet.
   bool hasUnackedEagerSends() const;
-  bool pathAlive(std::size_t path) const;
 
  private:
   struct PathState;

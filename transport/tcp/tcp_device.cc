@@ -595,7 +595,6 @@ void TcpDevice::Impl::progressChannels() {
       }
       continue;
     }
-    ch.drainPosted();
     if (stallCheck) ch.checkStalls(now);
     ch.schedule(now);
     for (auto& path : e->streams) {
@@ -607,11 +606,9 @@ void TcpDevice::Impl::progressChannels() {
 }
 
 void TcpDevice::Impl::processEvents(const epoll_event* events, int n) {
-  // Receives posted since the last round go in first, so data lands in place.
-  if (n > 0) {
-    for (auto& e : channels) {
-      if (e->ready && !e->channel->failed()) e->channel->drainPosted();
-    }
+  // Posts since the last round go in first (once per round), so data lands in place.
+  for (auto& e : channels) {
+    if (e->ready && !e->channel->failed()) e->channel->drainPosted();
   }
   for (int i = 0; i < n; ++i) {
     int fd = events[i].data.fd;
