@@ -353,11 +353,15 @@ TEST_F(CollectivesTest, TimeoutBreaksTheCommunicatorAndReleasesTheBuffer) {
     return std::string();
   });
   EXPECT_EQ(RankHarness::summarize(results), "");
-  // Rank 1's channel to the aborted rank 0 fails too, promptly.
+  // Rank 1's channel to the aborted rank 0 fails too, promptly (a peer error, not the op timeout). The send is
+  // larger than the eager limit: an eager send completes once buffered locally, so it may succeed when it races
+  // the close, and its failure surfaces on the next op instead.
   results = h.value()->runOn({1}, [](int, collectives::Communicator& c) -> std::string {
-    float x = 1;
-    Status st = c.send(&x, 1, DataType::kF32, 0, 5);
-    return st.isOk() ? "send to an aborted peer succeeded" : std::string();
+    std::vector<float> big(1 << 18, 1.0f);
+    Status st = c.send(big.data(), big.size(), DataType::kF32, 0, 5);
+    if (st.isOk()) return "send to an aborted peer succeeded";
+    if (st.code() == StatusCode::kTimeout) return "send to an aborted peer timed out instead of failing: " + st.toString();
+    return std::string();
   });
   EXPECT_EQ(RankHarness::summarize(results), "");
 }
