@@ -14,6 +14,7 @@
 #include "core/knobs.h"
 #include "core/local_launch.h"
 #include "core/log.h"
+#include "core/metrics.h"
 
 namespace meridian::bench {
 namespace {
@@ -31,7 +32,18 @@ struct Args {
   int root = 0;
   bool check = true;
   std::string jsonPath;
+  bool transportStats = false;
 };
+
+// Sum of every sample of one metric family in this process.
+double familyTotal(const std::string& name) {
+  double total = 0;
+  for (const auto& family : MetricsRegistry::global().snapshot()) {
+    if (family.name != name) continue;
+    for (const auto& sample : family.samples) total += sample.value;
+  }
+  return total;
+}
 
 struct Row {
   std::string op;
@@ -104,8 +116,8 @@ int runRank(const Args& a, const std::string& cmd) {
                 static_cast<long long>(knobInt(knobs::kTcpStreams)),
                 knobString(knobs::kPaths).empty() ? "127.0.0.1" : knobString(knobs::kPaths).c_str());
     std::printf("# command: %s\n#\n", cmd.c_str());
-    std::printf("# %-14s %12s %12s %5s %6s %6s %11s %12s %12s %7s\n", "op", "size(B)", "count", "type", "redop", "iters",
-                "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+    std::printf("# %-14s %12s %12s %5s %6s %6s %11s %12s %12s %7s%s\n", "op", "size(B)", "count", "type", "redop",
+                "iters", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", a.transportStats ? "  unexpected%" : "");
   }
   std::vector<Row> rows;
   std::size_t totalWrong = 0;
@@ -127,11 +139,17 @@ int runRank(const Args& a, const std::string& cmd) {
         st = runOnce(comm, op, send.data(), recv.data(), count, *dtype, *redop, a.root);
       }
       if (st.isOk()) st = comm.barrier();
+      const double unexpected0 = a.transportStats ? familyTotal("meridian_transport_unexpected_bytes_total") : 0;
+      const double received0 = a.transportStats ? familyTotal("meridian_transport_path_received_bytes_total") : 0;
       auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < iters && st.isOk(); ++i) {
         st = runOnce(comm, op, send.data(), recv.data(), count, *dtype, *redop, a.root);
       }
       double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+      // Share of the bytes this rank received that arrived before their receive was posted.
+      const double received = a.transportStats ? familyTotal("meridian_transport_path_received_bytes_total") - received0 : 0;
+      const double unexpectedPct =
+          received > 0 ? 100.0 * (familyTotal("meridian_transport_unexpected_bytes_total") - unexpected0) / received : 0;
       if (!st.isOk()) {
         std::fprintf(stderr, "meridian-bench: rank %d: %s at %zu bytes: %s\n", comm.rank(), opName(op), realBytes,
                      st.toString().c_str());
@@ -150,9 +168,11 @@ int runRank(const Args& a, const std::string& cmd) {
               static_cast<std::size_t>(sumWrong)};
       totalWrong += row.wrong;
       if (print) {
-        std::printf("  %-14s %12zu %12zu %5s %6s %6d %11.1f %12.3f %12.3f %7s\n", row.op.c_str(), row.bytes, row.count,
+        std::printf("  %-14s %12zu %12zu %5s %6s %6d %11.1f %12.3f %12.3f %7s", row.op.c_str(), row.bytes, row.count,
                     a.dtypeText.c_str(), a.redopText.c_str(), row.iters, row.timeUs, row.algbw, row.busbw,
                     a.check ? std::to_string(row.wrong).c_str() : "n/a");
+        if (a.transportStats) std::printf("  %11.1f", unexpectedPct);
+        std::printf("\n");
         std::fflush(stdout);
       }
       rows.push_back(row);
@@ -197,6 +217,8 @@ int main(int argc, char** argv) {
   app.add_option("--root,-r", a.root, "Root of broadcast and reduce");
   app.add_option("--check,-c", a.check, "Check results (1) or not (0)");
   app.add_option("--json", a.jsonPath, "Also write the table as JSON here (rank 0)");
+  app.add_flag("--transport-stats", a.transportStats,
+               "Add a column: % of rank 0's received bytes that arrived before their receive was posted");
   CLI11_PARSE(app, argc, argv);
   std::string cmd = bench::commandLine(argc, argv);
   try {

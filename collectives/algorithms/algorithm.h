@@ -193,7 +193,34 @@ std::size_t ringReduceScatterSlotBytes(const AlgoContext& ctx, bool haveAccum);
 
 // One allgather pass over buf (n blocks): at step s a rank sends block rank+offset-s and
 // receives block rank+offset-s-1 straight into buf, forwarding each segment as it lands.
-Status runRingAllgather(const AlgoContext& ctx, std::byte* buf, const BlockSplit& blocks, int offset,
-                        std::uint64_t phase);
+// prepostFirstStep() posts the first step's receives early (block rank+offset-1 must then
+// be left alone until run()); run() does the pass. Both are called on the op's thread.
+class RingAllgather {
+ public:
+  RingAllgather(const AlgoContext& ctx, std::byte* buf, const BlockSplit& blocks, int offset, std::uint64_t phase);
+  ~RingAllgather();
+  RingAllgather(const RingAllgather&) = delete;
+  RingAllgather& operator=(const RingAllgather&) = delete;
+
+  Status prepostFirstStep();
+  Status run();
+
+ private:
+  std::byte* segmentPtr(int block, std::size_t seg) const;
+  // Posts receives in ring order until `limit` are posted (stopping at the end of step 0
+  // when firstStepOnly).
+  Status postUpTo(std::size_t limit, bool firstStepOnly);
+
+  // Receives land in place, so they are posted as far ahead as requests allow: a
+  // neighbour that runs ahead then never has its segments buffered.
+  static constexpr std::size_t kPostAhead = PipelineWindows::kMaxSegments;
+  struct Schedule;  // the ring schedule and the cursor of the next receive to post
+  const AlgoContext& ctx_;
+  std::byte* buf_;
+  std::uint64_t phase_;
+  std::unique_ptr<Schedule> sched_;
+  std::size_t posted_ = 0;
+  transport::RequestPtr recvReqs_[PipelineWindows::kMaxSegments];
+};
 
 }  // namespace meridian::collectives

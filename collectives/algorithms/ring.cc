@@ -172,38 +172,66 @@ Status runRingReduceScatter(const AlgoContext& ctx, const RingReduceScatterPass&
   return sends.waitAll();
 }
 
-Status runRingAllgather(const AlgoContext& ctx, std::byte* buf, const BlockSplit& blocks, int offset,
-                        std::uint64_t phase) {
-  const RingSchedule sched{blocks, ctx.rank, ctx.size, offset, ctx.segmentElems()};
-  const int prev = modRank(ctx.rank - 1, ctx.size);
-  const int next = modRank(ctx.rank + 1, ctx.size);
-  const std::size_t es = ctx.elemBytes;
-  const std::size_t total = sched.totalRecvSegments();
+struct RingAllgather::Schedule {
+  RingSchedule ring;
+  RingCursor post;
+  Schedule(const RingSchedule& r) : ring(r), post(ring) {}
+  Schedule(const Schedule&) = delete;
+  Schedule& operator=(const Schedule&) = delete;
+};
 
-  const PipelineWindows w = pipelineWindows(ctx);
-  SendQueue sends(ctx);
-  StepZeroSender stepZero(ctx, sched, buf, stepPhase(phase, 0), sends);
-  transport::RequestPtr recvReqs[PipelineWindows::kMaxSegments];
-  RingCursor postCur(sched), procCur(sched);
-  std::size_t posted = 0;
-  auto segmentPtr = [&](const RingCursor& c) {
-    return buf + (blocks.offset(c.block()) + c.seg * sched.segElems) * es;
-  };
+RingAllgather::RingAllgather(const AlgoContext& ctx, std::byte* buf, const BlockSplit& blocks, int offset,
+                             std::uint64_t phase)
+    : ctx_(ctx), buf_(buf), phase_(phase),
+      sched_(std::make_unique<Schedule>(RingSchedule{blocks, ctx.rank, ctx.size, offset, ctx.segmentElems()})) {}
+
+RingAllgather::~RingAllgather() = default;
+
+std::byte* RingAllgather::segmentPtr(int block, std::size_t seg) const {
+  return buf_ + (sched_->ring.blocks.offset(block) + seg * sched_->ring.segElems) * ctx_.elemBytes;
+}
+
+Status RingAllgather::postUpTo(std::size_t limit, bool firstStepOnly) {
+  const RingSchedule& sched = sched_->ring;
+  RingCursor& cur = sched_->post;
+  const int prev = modRank(ctx_.rank - 1, ctx_.size);
+  const std::size_t window = kPostAhead;
+  for (; posted_ < limit && cur.step <= sched.lastStep(); ++posted_, cur.advance()) {
+    if (firstStepOnly && cur.step != 0) break;
+    std::size_t bytes = sched.segmentElems(cur.block(), cur.seg) * ctx_.elemBytes;
+    MERIDIAN_ASSIGN_OR_RETURN(recvReqs_[posted_ % window], postRecv(ctx_, prev, segmentPtr(cur.block(), cur.seg),
+                                                                    bytes, stepPhase(phase_, cur.step)));
+  }
+  return Status::ok();
+}
+
+Status RingAllgather::prepostFirstStep() {
+  if (ctx_.size == 1) return Status::ok();
+  return postUpTo(kPostAhead, true);
+}
+
+Status RingAllgather::run() {
+  if (ctx_.size == 1) return Status::ok();
+  const RingSchedule& sched = sched_->ring;
+  const int next = modRank(ctx_.rank + 1, ctx_.size);
+  const std::size_t es = ctx_.elemBytes;
+  const std::size_t total = sched.totalRecvSegments();
+  const PipelineWindows w = pipelineWindows(ctx_);
+  SendQueue sends(ctx_);
+  StepZeroSender stepZero(ctx_, sched, buf_, stepPhase(phase_, 0), sends);
+  RingCursor procCur(sched);
 
   for (std::size_t done = 0; done < total; ++done) {
     MERIDIAN_RETURN_IF_ERROR(stepZero.sendUpTo(done + w.recvAhead));
-    for (; posted < total && posted < done + w.recvAhead; ++posted, postCur.advance()) {
-      std::size_t bytes = sched.segmentElems(postCur.block(), postCur.seg) * es;
-      MERIDIAN_ASSIGN_OR_RETURN(recvReqs[posted % w.recvAhead],
-                                postRecv(ctx, prev, segmentPtr(postCur), bytes, stepPhase(phase, postCur.step)));
-    }
-    const std::size_t slot = done % w.recvAhead;
+    MERIDIAN_RETURN_IF_ERROR(postUpTo(done + kPostAhead, false));
+    const std::size_t slot = done % kPostAhead;
     const std::size_t bytes = sched.segmentElems(procCur.block(), procCur.seg) * es;
-    MERIDIAN_RETURN_IF_ERROR(waitRequest(ctx, recvReqs[slot], bytes, "ring allgather receive"));
-    recvReqs[slot].reset();
+    MERIDIAN_RETURN_IF_ERROR(waitRequest(ctx_, recvReqs_[slot], bytes, "ring allgather receive"));
+    recvReqs_[slot].reset();
     if (procCur.step != sched.lastStep()) {
       MERIDIAN_ASSIGN_OR_RETURN(transport::RequestPtr req,
-                                postSend(ctx, next, segmentPtr(procCur), bytes, stepPhase(phase, procCur.step + 1)));
+                                postSend(ctx_, next, segmentPtr(procCur.block(), procCur.seg), bytes,
+                                         stepPhase(phase_, procCur.step + 1)));
       sends.push(std::move(req));
     }
     procCur.advance();
@@ -221,6 +249,11 @@ Status ringAllreduce(const AlgoContext& ctx, const void* send, void* recv, std::
     return Status::ok();
   }
   const BlockSplit blocks{count, ctx.size};
+  // The allgather (offset 1) first receives block `rank`, which the reduce-scatter below
+  // never writes: post those receives now, so that a neighbour that finishes its
+  // reduce-scatter first sends straight into place rather than into a buffer.
+  RingAllgather allgather(ctx, out, blocks, 1, 2);
+  MERIDIAN_RETURN_IF_ERROR(allgather.prepostFirstStep());
   RingReduceScatterPass rs;
   rs.slots = ctx.scratch->reserve(ringReduceScatterSlotBytes(ctx, true));
   rs.src = in;
@@ -232,7 +265,7 @@ Status ringAllreduce(const AlgoContext& ctx, const void* send, void* recv, std::
   rs.op = op;
   rs.phase = 0;
   MERIDIAN_RETURN_IF_ERROR(runRingReduceScatter(ctx, rs));
-  return runRingAllgather(ctx, out, blocks, 1, 2);
+  return allgather.run();
 }
 
 Status ringReduceScatter(const AlgoContext& ctx, const void* send, void* recv, std::size_t recvCount,
@@ -262,7 +295,7 @@ Status ringAllgather(const AlgoContext& ctx, const void* send, void* recv, std::
   std::byte* own = out + static_cast<std::size_t>(ctx.rank) * blockBytes;
   if (send != own) std::memmove(own, send, blockBytes);
   if (ctx.size == 1) return Status::ok();
-  return runRingAllgather(ctx, out, BlockSplit{sendCount * static_cast<std::size_t>(ctx.size), ctx.size}, 0, 0);
+  return RingAllgather(ctx, out, BlockSplit{sendCount * static_cast<std::size_t>(ctx.size), ctx.size}, 0, 0).run();
 }
 
 }  // namespace meridian::collectives

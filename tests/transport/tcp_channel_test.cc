@@ -8,6 +8,7 @@
 #include <random>
 #include <thread>
 
+#include "core/metrics.h"
 #include "transport/tcp/tcp_device.h"
 
 namespace meridian::transport::tcp {
@@ -120,13 +121,20 @@ TEST(TcpChannelTest, MatchesFifoPerTagAcrossPaths) {
 
 TEST(TcpChannelTest, BuffersMessagesThatArriveBeforeTheirReceive) {
   Pair p = connect(2, 1, 8192);
+  Counter& unexpected = MetricsRegistry::global().counter(
+      "meridian_transport_unexpected_bytes_total", "", {{"device", "b"}, {"peer", "0"}});
+  const std::uint64_t before = unexpected.value();
   auto data = pattern(100000, 3);
   auto s = p.ab->isend(data.data(), data.size(), 9).value();
   ASSERT_TRUE(s->wait(Clock::now() + kTimeout).isOk());  // acknowledged while nobody receives
+  EXPECT_EQ(unexpected.value() - before, data.size()) << "buffered bytes are counted";
   std::vector<std::uint8_t> out(data.size());
   auto r = p.ba->irecv(out.data(), out.size(), 9).value();
   ASSERT_TRUE(r->wait(Clock::now() + kTimeout).isOk());
   EXPECT_EQ(out, data);
+  // A receive posted first is written in place: nothing more is buffered.
+  sendRecv(p, 100000, 10);
+  EXPECT_EQ(unexpected.value() - before, data.size());
 }
 
 TEST(TcpChannelTest, ReceiveSmallerThanMessageIsAnInvalidArgument) {

@@ -100,6 +100,9 @@ MultipathChannel::MultipathChannel(int peerRank, std::vector<PathEndpoints> path
     p->up->set(1);
     paths_.push_back(std::move(p));
   }
+  unexpectedBytes_ = &reg.counter("meridian_transport_unexpected_bytes_total",
+                                  "Payload bytes that arrived before their receive was posted (buffered, copied once)",
+                                  {{"device", config_.deviceName}, {"peer", std::to_string(peerRank)}});
 }
 
 MultipathChannel::~MultipathChannel() = default;
@@ -507,6 +510,7 @@ Status MultipathChannel::allocateBuffer(InMessage& msg) {
   }
   msg.buffer = pool_.take(msg.totalBytes);
   bufferedBytes_ += msg.totalBytes;
+  unexpectedBytes_->add(msg.totalBytes);
   msg.dest = msg.buffer.data.get();
   return Status::ok();
 }

@@ -181,6 +181,7 @@ class MultipathChannel : public Channel, public std::enable_shared_from_this<Mul
   std::unordered_map<std::uint64_t, std::deque<PostedRecv>> recvsByTag_;
   std::unordered_map<std::uint64_t, std::deque<std::shared_ptr<InMessage>>> unexpectedByTag_;
   std::uint64_t bufferedBytes_ = 0;
+  Counter* unexpectedBytes_ = nullptr;  // bytes that arrived before their receive was posted (then copied once)
   BufferPool pool_{64u << 20};
 };
 
