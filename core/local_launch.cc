@@ -1,7 +1,9 @@
 // Local multi-process launching.
 #include "core/local_launch.h"
 
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -37,10 +39,44 @@ int pickFreeLoopbackPort() {
   return ntohs(a.sin_port);
 }
 
+namespace {
+
+// Copies complete lines from a rank's pipe to stdout with its prefix; returns false at EOF.
+bool pumpLines(int fd, const std::string& prefix, std::string& partial) {
+  char buf[4096];
+  ssize_t n = ::read(fd, buf, sizeof(buf));
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return true;
+  if (n <= 0) {
+    if (!partial.empty()) std::printf("%s%s\n", prefix.c_str(), partial.c_str());
+    partial.clear();
+    std::fflush(stdout);
+    return false;
+  }
+  partial.append(buf, static_cast<std::size_t>(n));
+  std::size_t start = 0;
+  for (std::size_t nl; (nl = partial.find('\n', start)) != std::string::npos; start = nl + 1) {
+    std::printf("%s%.*s\n", prefix.c_str(), static_cast<int>(nl - start), partial.data() + start);
+  }
+  partial.erase(0, start);
+  if (partial.size() > 65536) {  // a very long line: print what there is
+    std::printf("%s%s\n", prefix.c_str(), partial.c_str());
+    partial.clear();
+  }
+  std::fflush(stdout);
+  return true;
+}
+
+}  // namespace
+
 int launchLocalRanks(const LocalLaunchOptions& options) {
   if (options.ranks < 1) throw std::invalid_argument("--ranks must be at least 1");
   if (options.argv.empty()) throw std::invalid_argument("nothing to launch");
-  const std::string store = fmt::format("127.0.0.1:{}", pickFreeLoopbackPort());
+  const bool prefixed = !options.outputPrefixes.empty();
+  if (prefixed && options.outputPrefixes.size() != static_cast<std::size_t>(options.ranks)) {
+    throw std::invalid_argument("one output prefix per rank");
+  }
+  const std::string store =
+      options.store.empty() ? fmt::format("127.0.0.1:{}", pickFreeLoopbackPort()) : options.store;
   // Ranks launched here are all ours: without a job secret, give them a fresh random one.
   std::string secret;
   if (!knobIsSet(knobs::kSecret) && !knobIsSet(knobs::kSecretFile)) {
@@ -49,32 +85,71 @@ int launchLocalRanks(const LocalLaunchOptions& options) {
     for (std::uint8_t b : raw) secret += fmt::format("{:02x}", b);
   }
   std::map<pid_t, int> children;  // pid -> rank
+  std::vector<pollfd> outputs;     // read ends of the ranks' output pipes
+  std::vector<std::string> partials;
+  std::vector<int> outputRank;
   for (int r = 0; r < options.ranks; ++r) {
+    std::vector<std::pair<std::string, std::string>> env;
+    if (options.rankEnv) env = options.rankEnv(r);
+    int out[2] = {-1, -1};
+    if (prefixed && ::pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error(fmt::format("pipe: {}", std::strerror(errno)));
     pid_t pid = ::fork();
     if (pid < 0) throw std::runtime_error(fmt::format("fork: {}", std::strerror(errno)));
     if (pid == 0) {
+      if (prefixed) {
+        ::dup2(out[1], STDOUT_FILENO);
+        ::dup2(out[1], STDERR_FILENO);
+      }
       ::setenv("MERIDIAN_RANK", std::to_string(r).c_str(), 1);
       ::setenv("MERIDIAN_WORLD_SIZE", std::to_string(options.ranks).c_str(), 1);
-      ::setenv("MERIDIAN_LOCAL_RANK", std::to_string(r).c_str(), 1);
-      ::setenv("MERIDIAN_LOCAL_WORLD_SIZE", std::to_string(options.ranks).c_str(), 1);
+      ::setenv("MERIDIAN_LOCAL_RANK", std::to_string(options.separateHosts ? 0 : r).c_str(), 1);
+      ::setenv("MERIDIAN_LOCAL_WORLD_SIZE", std::to_string(options.separateHosts ? 1 : options.ranks).c_str(), 1);
       ::setenv("MERIDIAN_STORE", store.c_str(), 1);
       if (!secret.empty()) ::setenv("MERIDIAN_SECRET", secret.c_str(), 1);
       for (const auto& [k, v] : options.extraEnv) ::setenv(k.c_str(), v.c_str(), 1);
+      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+      if (options.childSetup) {
+        std::string err = options.childSetup(r);
+        if (!err.empty()) {
+          std::fprintf(stderr, "meridian: rank %d: %s\n", r, err.c_str());
+          ::_exit(127);
+        }
+      }
       std::vector<char*> args;
       for (const auto& a : options.argv) args.push_back(const_cast<char*>(a.c_str()));
       args.push_back(nullptr);
-      ::execve(args[0], args.data(), environ);
+      ::execvp(args[0], args.data());
       std::fprintf(stderr, "meridian: cannot exec %s: %s\n", args[0], std::strerror(errno));
       ::_exit(127);
+    }
+    if (prefixed) {
+      ::close(out[1]);
+      outputs.push_back({out[0], POLLIN, 0});
+      partials.emplace_back();
+      outputRank.push_back(r);
     }
     children[pid] = r;
   }
   int worst = 0;
   bool terminating = false;
   auto firstFailure = std::chrono::steady_clock::time_point::max();
-  while (!children.empty()) {
+  std::size_t openOutputs = outputs.size();
+  while (!children.empty() || openOutputs > 0) {
+    if (openOutputs > 0) {
+      if (::poll(outputs.data(), outputs.size(), 20) > 0) {
+        for (std::size_t i = 0; i < outputs.size(); ++i) {
+          if (outputs[i].fd < 0 || outputs[i].revents == 0) continue;
+          const std::string& prefix = options.outputPrefixes[static_cast<std::size_t>(outputRank[i])];
+          if (!pumpLines(outputs[i].fd, prefix, partials[i])) {
+            ::close(outputs[i].fd);
+            outputs[i].fd = -1;
+            --openOutputs;
+          }
+        }
+      }
+    }
     int status = 0;
-    pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    pid_t pid = children.empty() ? 0 : ::waitpid(-1, &status, WNOHANG);
     if (pid > 0 && children.count(pid) != 0) {
       int rank = children[pid];
       children.erase(pid);
@@ -88,15 +163,15 @@ int launchLocalRanks(const LocalLaunchOptions& options) {
       worst = std::max(worst, code);
       continue;
     }
-    if (pid < 0 && errno == ECHILD) break;
-    if (!terminating && std::chrono::steady_clock::now() - firstFailure > options.failureGrace) {
+    if (pid < 0 && errno == ECHILD) children.clear();
+    if (!terminating && !children.empty() && std::chrono::steady_clock::now() - firstFailure > options.failureGrace) {
       terminating = true;
       for (const auto& [p, rank] : children) {
         MLOG_ERROR(kCore, "stopping rank {} (pid {}) after another rank failed", rank, p);
         ::kill(p, SIGTERM);
       }
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (openOutputs == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return worst;
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -13,9 +14,20 @@ namespace meridian {
 
 struct LocalLaunchOptions {
   int ranks = 1;
-  std::vector<std::string> argv;  // argv[0] is the program; "/proc/self/exe" re-runs this one
+  std::vector<std::string> argv;  // argv[0] is the program (looked up in PATH without a '/')
   std::vector<std::pair<std::string, std::string>> extraEnv;
   std::chrono::seconds failureGrace{10};
+  // Where rank 0 hosts the store ("host:port"); empty: a free loopback port.
+  std::string store;
+  // Every rank on a host of its own (MERIDIAN_LOCAL_RANK 0 of 1) rather than all on this one.
+  bool separateHosts = false;
+  // Per rank: more environment, and a step run in the child before exec (e.g. entering a
+  // network namespace; it returns an error text, empty when fine).
+  std::function<std::vector<std::pair<std::string, std::string>>(int rank)> rankEnv;
+  std::function<std::string(int rank)> childSetup;
+  // Per rank: a prefix for every line the rank prints (stdout and stderr, merged); empty: no
+  // prefixing, the ranks write straight to this process's stdout and stderr.
+  std::vector<std::string> outputPrefixes;
 };
 
 // Returns the worst exit status (0 when every rank succeeded; 128+signal for a signal).

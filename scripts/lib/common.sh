@@ -13,7 +13,7 @@ MERIDIAN_PACKAGES=(
   libfabric-dev libibverbs-dev
   openmpi-bin libopenmpi-dev
   clang libclang-rt-14-dev
-  iproute2
+  iproute2 libyaml-cpp-dev iperf3 iputils-ping
 )
 
 say() { printf '\033[1m[meridian]\033[0m %s\n' "$*" >&2; }

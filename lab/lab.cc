@@ -1,0 +1,456 @@
+#include "lab/lab.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "core/local_launch.h"
+#include "lab/emulator.h"
+#include "lab/netns.h"
+
+extern char** environ;
+
+namespace meridian::lab {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string stateDirOf(const std::string& name) { return fmt::format("{}/{}", kStateRoot, name); }
+
+bool processAlive(int pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+
+// True when `pid` is a meridian-lab process (the pid may have been reused since).
+bool isLabProcess(int pid) {
+  std::ifstream f(fmt::format("/proc/{}/cmdline", pid), std::ios::binary);
+  std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return cmd.find("meridian-lab") != std::string::npos || cmd.find("lab_") != std::string::npos;
+}
+
+// Sends SIGTERM, waits up to `grace`, then SIGKILL.
+void stopProcess(int pid, std::chrono::milliseconds grace) {
+  if (!processAlive(pid)) return;
+  ::kill(pid, SIGTERM);
+  auto until = std::chrono::steady_clock::now() + grace;
+  while (processAlive(pid) && std::chrono::steady_clock::now() < until) {
+    ::waitpid(pid, nullptr, WNOHANG);  // reaps it when it is our child
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (processAlive(pid)) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+}
+
+// PIDs of the processes whose network namespace is `ns` (what `ip netns pids` does).
+std::vector<int> pidsInNamespace(const std::string& ns) {
+  std::vector<int> pids;
+  struct stat target {};
+  if (::stat(fmt::format("/run/netns/{}", ns).c_str(), &target) != 0) return pids;
+  DIR* d = ::opendir("/proc");
+  if (d == nullptr) return pids;
+  while (dirent* e = ::readdir(d)) {
+    if (!std::isdigit(static_cast<unsigned char>(e->d_name[0]))) continue;
+    struct stat st {};
+    if (::stat(fmt::format("/proc/{}/ns/net", e->d_name).c_str(), &st) != 0) continue;
+    if (st.st_ino == target.st_ino && st.st_dev == target.st_dev) pids.push_back(std::atoi(e->d_name));
+  }
+  ::closedir(d);
+  return pids;
+}
+
+Status writeFileAtomically(const std::string& path, const std::string& text) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << text;
+    if (!f) return internalError("cannot write {}", tmp);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return internalError("cannot rename {}: {}", tmp, std::strerror(errno));
+  return Status::ok();
+}
+
+nlohmann::json stateJson(const LabState& s, const std::string& topologyFile) {
+  return {{"name", s.name},
+          {"topology_file", topologyFile},
+          {"time_scale", s.topology.timeScale},
+          {"emulator_pid", s.emulatorPid},
+          {"namespaces", s.namespaces}};
+}
+
+Status saveState(const LabState& s, const std::string& topologyFile) {
+  return writeFileAtomically(s.dir + "/state.json", stateJson(s, topologyFile).dump(2) + "\n");
+}
+
+Result<UniqueFd> listenControl(const std::string& path) {
+  ::unlink(path.c_str());
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) return invalidArgument("control socket path too long: {}", path);
+  std::memcpy(addr.sun_path, path.c_str(), path.size());
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd.get(), 16) != 0) {
+    return internalError("cannot listen on {}: {}", path, std::strerror(errno));
+  }
+  ::chmod(path.c_str(), 0600);
+  return fd;
+}
+
+std::string envName(const std::string& plane) {
+  std::string s = "MERIDIAN_LAB_ADDR_";
+  for (char c : plane) s += c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// Removes whatever of the lab exists; collects problems rather than stopping at the first.
+Status teardown(const std::string& dir, int emulatorPid, const std::vector<std::string>& namespaces) {
+  std::vector<std::string> problems;
+  if (emulatorPid > 0 && processAlive(emulatorPid) && isLabProcess(emulatorPid)) {
+    stopProcess(emulatorPid, std::chrono::milliseconds(3000));
+  }
+  for (const auto& ns : namespaces) {
+    for (int pid : pidsInNamespace(ns)) stopProcess(pid, std::chrono::milliseconds(2000));
+    Status st = deleteNamespace(ns);
+    if (!st.isOk()) problems.push_back(st.message());
+  }
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  if (ec) problems.push_back(fmt::format("cannot remove {}: {}", dir, ec.message()));
+  if (problems.empty()) return Status::ok();
+  std::string all;
+  for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
+  return internalError("{}", all);
+}
+
+}  // namespace
+
+Status validateLabName(const std::string& name) {
+  bool ok = !name.empty() && name.size() <= 16 && std::islower(static_cast<unsigned char>(name[0]));
+  for (char c : name) ok = ok && (std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)));
+  if (!ok) return invalidArgument("bad lab name '{}': 1-16 lower-case letters and digits, starting with a letter", name);
+  return Status::ok();
+}
+
+Result<LabState> loadLab(const std::string& name) {
+  MERIDIAN_RETURN_IF_ERROR(validateLabName(name));
+  LabState s;
+  s.name = name;
+  s.dir = stateDirOf(name);
+  std::ifstream f(s.dir + "/state.json");
+  if (!f) return invalidArgument("no lab named '{}' is up (no {}/state.json): run meridian-lab up FILE", name, s.dir);
+  auto j = nlohmann::json::parse(f, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return internalError("{}/state.json is damaged: run meridian-lab down", s.dir);
+  MERIDIAN_ASSIGN_OR_RETURN(s.topology, loadTopology(s.dir + "/topology.yaml"));
+  s.topology.timeScale = j.value("time_scale", s.topology.timeScale);
+  s.emulatorPid = j.value("emulator_pid", 0);
+  s.namespaces = j.value("namespaces", std::vector<std::string>{});
+  return s;
+}
+
+Status labUp(const std::string& topologyFile, const UpOptions& options) {
+  MERIDIAN_RETURN_IF_ERROR(validateLabName(options.name));
+  MERIDIAN_RETURN_IF_ERROR(requireRoot());
+  MERIDIAN_RETURN_IF_ERROR(requireTun());
+  MERIDIAN_ASSIGN_OR_RETURN(Topology topo, loadTopology(topologyFile));
+  if (options.timeScale) {
+    if (!(*options.timeScale > 0 && *options.timeScale <= 10)) {
+      return invalidArgument("--time-scale must be within (0, 10], not {}", *options.timeScale);
+    }
+    topo.timeScale = *options.timeScale;
+  }
+  LabState s;
+  s.name = options.name;
+  s.dir = stateDirOf(options.name);
+  s.topology = topo;
+  for (int n = 0; n < static_cast<int>(topo.nodes.size()); ++n) s.namespaces.push_back(s.namespaceOf(n));
+
+  // One lab per name: a live one is refused, one left by a crash is cleaned first.
+  if (fs::exists(s.dir + "/state.json")) {
+    auto old = loadLab(options.name);
+    if (old.isOk() && processAlive(old->emulatorPid) && isLabProcess(old->emulatorPid)) {
+      return invalidArgument("lab '{}' is already up (emulator pid {}): run meridian-lab down first", options.name,
+                             old->emulatorPid);
+    }
+    std::fprintf(stderr, "meridian-lab: removing what a previous run of lab '%s' left behind\n", options.name.c_str());
+    MERIDIAN_RETURN_IF_ERROR(labDown(options.name));
+  }
+  for (const auto& ns : s.namespaces) {
+    if (namespaceExists(ns)) {
+      return invalidArgument("network namespace '{}' exists and is not this lab's: remove it or use --lab NAME", ns);
+    }
+  }
+  std::error_code ec;
+  fs::create_directories(s.dir, ec);
+  if (ec) return internalError("cannot create {}: {}", s.dir, ec.message());
+  ::chmod(kStateRoot, 0755);
+  ::chmod(s.dir.c_str(), 0700);
+
+  auto fail = [&](const Status& why) {
+    Status t = teardown(s.dir, s.emulatorPid, s.namespaces);
+    if (!t.isOk()) std::fprintf(stderr, "meridian-lab: cleaning up after the failure: %s\n", t.message().c_str());
+    return why;
+  };
+  // Record the plan before creating anything, so that `down` can always finish the job.
+  {
+    std::ifstream in(topologyFile);
+    std::stringstream text;
+    text << in.rdbuf();
+    Status st = writeFileAtomically(s.dir + "/topology.yaml", text.str());
+    if (!st.isOk()) return fail(st);
+  }
+  if (Status st = saveState(s, topologyFile); !st.isOk()) return fail(st);
+
+  std::vector<std::vector<UniqueFd>> tuns(topo.nodes.size());
+  for (int n = 0; n < static_cast<int>(topo.nodes.size()); ++n) {
+    const std::string& ns = s.namespaces[static_cast<std::size_t>(n)];
+    if (Status st = createNamespace(ns); !st.isOk()) return fail(st);
+    // Hosts tuned for long fat pipes, as cloud images for cross-region work are: TCP may
+    // grow its windows to 64 MiB (a 230 ms round trip at 2 Gbit/s).
+    for (const char* key : {"net/ipv4/tcp_rmem", "net/ipv4/tcp_wmem"}) {
+      if (Status st = setSysctlIn(ns, key, "4096 131072 67108864"); !st.isOk()) return fail(st);
+    }
+    for (int p = 0; p < static_cast<int>(topo.planes.size()); ++p) {
+      auto fd = createTun(ns, topo.planes[static_cast<std::size_t>(p)].name, topo.mtu, topo.address(p, n));
+      if (!fd.isOk()) return fail(fd.status());
+      tuns[static_cast<std::size_t>(n)].push_back(std::move(fd.value()));
+    }
+  }
+  auto control = listenControl(s.controlSocket());
+  if (!control.isOk()) return fail(control.status());
+
+  if (options.foreground) {
+    if (Status st = saveState(s, topologyFile); !st.isOk()) return fail(st);
+    s.emulatorPid = ::getpid();
+    if (Status st = saveState(s, topologyFile); !st.isOk()) return fail(st);
+    std::printf("lab '%s' is up (%s); the emulator runs in the foreground until Ctrl-C\n", s.name.c_str(),
+                topo.name.c_str());
+    std::fflush(stdout);
+    Emulator emu(topo, std::move(tuns), std::move(control.value()));
+    Status st = emu.run(true);
+    Status t = teardown(s.dir, 0, s.namespaces);
+    return st.isOk() ? t : st;
+  }
+
+  // The emulator daemon: owns the TUN fds and the control socket from here on.
+  int ready[2];
+  if (::pipe2(ready, O_CLOEXEC) != 0) return fail(internalError("pipe: {}", std::strerror(errno)));
+  std::fflush(stdout);
+  std::fflush(stderr);
+  pid_t pid = ::fork();
+  if (pid < 0) return fail(internalError("fork: {}", std::strerror(errno)));
+  if (pid == 0) {
+    ::close(ready[0]);
+    ::setsid();
+    if (::chdir("/") != 0) ::_exit(1);
+    int log = ::open((s.dir + "/emulator.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (log >= 0) {
+      ::dup2(log, STDOUT_FILENO);
+      ::dup2(log, STDERR_FILENO);
+    }
+    if (null >= 0) ::dup2(null, STDIN_FILENO);
+    ::signal(SIGHUP, SIG_IGN);
+    int code = 0;
+    {
+      Emulator emu(topo, std::move(tuns), std::move(control.value()));
+      char ok = 1;
+      [[maybe_unused]] ssize_t w = ::write(ready[1], &ok, 1);
+      ::close(ready[1]);
+      Status st = emu.run(true);
+      if (!st.isOk()) {
+        std::fprintf(stderr, "emulator: %s\n", st.message().c_str());
+        code = 1;
+      }
+    }
+    std::fflush(nullptr);
+    ::_exit(code);
+  }
+  ::close(ready[1]);
+  s.emulatorPid = pid;
+  tuns.clear();  // the daemon holds them now
+  control.value().reset();
+  pollfd pfd{ready[0], POLLIN, 0};
+  char ok = 0;
+  bool started = ::poll(&pfd, 1, 10000) == 1 && ::read(ready[0], &ok, 1) == 1 && ok == 1;
+  ::close(ready[0]);
+  if (!started) return fail(internalError("the emulator did not start; see {}/emulator.log", s.dir));
+  if (Status st = saveState(s, topologyFile); !st.isOk()) return fail(st);
+
+  std::printf("lab '%s' is up: topology %s (%s), time scale %g, emulator pid %d\n", s.name.c_str(), topo.name.c_str(),
+              topologyFile.c_str(), topo.timeScale, pid);
+  std::printf("%-16s %-12s %-22s", "node", "region", "namespace");
+  for (const auto& p : topo.planes) std::printf(" %-16s", p.name.c_str());
+  std::printf("\n");
+  for (int n = 0; n < static_cast<int>(topo.nodes.size()); ++n) {
+    const Node& node = topo.nodes[static_cast<std::size_t>(n)];
+    std::printf("%-16s %-12s %-22s", node.name.c_str(), topo.regions[static_cast<std::size_t>(node.region)].name.c_str(),
+                s.namespaceOf(n).c_str());
+    for (int p = 0; p < static_cast<int>(topo.planes.size()); ++p) std::printf(" %-16s", topo.address(p, n).c_str());
+    std::printf("\n");
+  }
+  std::printf("next: meridian-lab run %s -- CMD | exec-all -- CMD | status | set | down\n",
+              topo.nodes.front().name.c_str());
+  return Status::ok();
+}
+
+Status labDown(const std::string& name) {
+  MERIDIAN_RETURN_IF_ERROR(validateLabName(name));
+  MERIDIAN_RETURN_IF_ERROR(requireRoot());
+  const std::string dir = stateDirOf(name);
+  std::ifstream f(dir + "/state.json");
+  if (!f) {
+    std::error_code ec;
+    if (fs::exists(dir, ec)) fs::remove_all(dir, ec);
+    return invalidArgument("no lab named '{}' is up", name);
+  }
+  auto j = nlohmann::json::parse(f, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return internalError("{}/state.json is damaged; remove {} by hand", dir, dir);
+  return teardown(dir, j.value("emulator_pid", 0), j.value("namespaces", std::vector<std::string>{}));
+}
+
+std::vector<std::pair<std::string, std::string>> nodeEnvironment(const LabState& lab, int node) {
+  const Topology& t = lab.topology;
+  const Node& n = t.nodes[static_cast<std::size_t>(node)];
+  std::vector<std::pair<std::string, std::string>> env{
+      {"MERIDIAN_REGION", t.regions[static_cast<std::size_t>(n.region)].name},
+      {"MERIDIAN_LAB", lab.name},
+      {"MERIDIAN_LAB_NODE", n.name},
+      {"MERIDIAN_LAB_RANK", std::to_string(n.index)},
+      {"MERIDIAN_LAB_NODES", std::to_string(t.nodes.size())}};
+  std::string paths;
+  for (int p = 0; p < static_cast<int>(t.planes.size()); ++p) {
+    env.emplace_back(envName(t.planes[static_cast<std::size_t>(p)].name), t.address(p, node));
+    paths += (paths.empty() ? "" : ",") + t.address(p, node);
+  }
+  if (std::getenv("MERIDIAN_PATHS") == nullptr) env.emplace_back("MERIDIAN_PATHS", paths);
+  return env;
+}
+
+Status execInNode(const LabState& lab, const std::string& node, const std::vector<std::string>& argv) {
+  if (argv.empty()) return invalidArgument("run: no command (meridian-lab run NODE -- CMD ...)");
+  MERIDIAN_ASSIGN_OR_RETURN(int n, lab.topology.findNode(node));
+  MERIDIAN_RETURN_IF_ERROR(enterNamespaceForGood(lab.namespaceOf(n)));
+  for (const auto& [k, v] : nodeEnvironment(lab, n)) ::setenv(k.c_str(), v.c_str(), 1);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  ::execvp(args[0], args.data());
+  return invalidArgument("cannot run '{}' in {}: {}", argv[0], node, std::strerror(errno));
+}
+
+int execAll(const LabState& lab, const std::vector<std::string>& argv) {
+  const Topology& t = lab.topology;
+  LocalLaunchOptions o;
+  o.ranks = static_cast<int>(t.nodes.size());
+  o.argv = argv;
+  o.separateHosts = true;
+  o.store = std::getenv("MERIDIAN_STORE") != nullptr ? std::getenv("MERIDIAN_STORE") : t.address(0, 0) + ":29400";
+  o.rankEnv = [&lab](int rank) { return nodeEnvironment(lab, rank); };
+  o.childSetup = [&lab](int rank) {
+    Status st = enterNamespaceForGood(lab.namespaceOf(rank));
+    return st.isOk() ? std::string() : st.message();
+  };
+  std::size_t width = 0;
+  for (const auto& n : t.nodes) width = std::max(width, n.name.size());
+  for (const auto& n : t.nodes) o.outputPrefixes.push_back(fmt::format("[{:<{}}] ", n.name, width));
+  return launchLocalRanks(o);
+}
+
+Result<nlohmann::json> setLink(const LabState& lab, const std::string& plane, const std::string& src,
+                               const std::string& dst, const LinkChange& change, bool bothWays) {
+  if (change.empty()) return invalidArgument("set: nothing to change (--delay, --rate, --loss, --jitter, --queue)");
+  nlohmann::json c = nlohmann::json::object();
+  if (change.delayUs) c["delay_us"] = *change.delayUs;
+  if (change.jitterUs) c["jitter_us"] = *change.jitterUs;
+  if (change.rateBitsPerSec) c["rate_bps"] = *change.rateBitsPerSec;
+  if (change.queueBytes) c["queue_bytes"] = *change.queueBytes;
+  if (change.loss) c["loss"] = *change.loss;
+  if (change.cut) c["cut"] = *change.cut;
+  return controlRequest(lab.controlSocket(),
+                        {{"cmd", "set"}, {"plane", plane}, {"src", src}, {"dst", dst}, {"both", bothWays}, {"change", c}});
+}
+
+Result<nlohmann::json> restoreLink(const LabState& lab, const std::string& plane, const std::string& src,
+                                   const std::string& dst, bool bothWays) {
+  return controlRequest(lab.controlSocket(),
+                        {{"cmd", "restore"}, {"plane", plane}, {"src", src}, {"dst", dst}, {"both", bothWays}});
+}
+
+Result<std::string> statusText(const LabState& lab) {
+  MERIDIAN_ASSIGN_OR_RETURN(nlohmann::json j, controlRequest(lab.controlSocket(), {{"cmd", "status"}}));
+  const Topology& t = lab.topology;
+  std::string out = fmt::format("lab '{}': topology {}, time scale {}, emulator pid {}, up {:.1f} s\n", lab.name,
+                                t.name, t.timeScale, lab.emulatorPid, j.value("uptime_s", 0.0));
+  const auto& links = j["links"];
+  const std::size_t r = t.regions.size();
+  std::size_t col = 10;
+  for (const auto& reg : t.regions) col = std::max(col, reg.name.size() + 2);
+  for (std::size_t p = 0; p < t.planes.size(); ++p) {
+    out += fmt::format("\nplane {}: one-way delay [+-jitter] / rate (world time{})\n", t.planes[p].name,
+                       t.timeScale != 1.0 ? fmt::format("; the emulator applies x{}", t.timeScale) : "");
+    out += fmt::format("  {:<{}}", "from \\ to", col);
+    for (const auto& reg : t.regions) out += fmt::format(" {:<24}", reg.name);
+    out += "\n";
+    for (std::size_t s = 0; s < r; ++s) {
+      out += fmt::format("  {:<{}}", t.regions[s].name, col);
+      for (std::size_t d = 0; d < r; ++d) {
+        const auto& l = links[(p * r + s) * r + d];
+        std::string cell;
+        if (l.value("cut", false)) {
+          cell = "CUT";
+        } else {
+          cell = formatDuration(l.value("delay_us", 0.0));
+          if (l.value("jitter_us", 0.0) > 0) cell += "+-" + formatDuration(l.value("jitter_us", 0.0));
+          cell += " / " + (l.value("rate_bps", 0.0) > 0 ? formatRate(l.value("rate_bps", 0.0)) : std::string("inf"));
+          if (l.value("loss", 0.0) > 0) cell += fmt::format(" {:.2g}%", 100 * l.value("loss", 0.0));
+        }
+        out += fmt::format(" {:<24}", cell);
+      }
+      out += "\n";
+    }
+  }
+  out += fmt::format("\n{:<8} {:<24} {:>10} {:>12} {:>11} {:>10} {:>10} {:>12}\n", "plane", "link", "packets", "bytes",
+                     "queue drops", "loss drops", "backlog", "max backlog");
+  for (const auto& l : links) {
+    if (l.value("packets", 0) == 0 && l.value("queue_drops", 0) == 0 && l.value("loss_drops", 0) == 0) continue;
+    out += fmt::format("{:<8} {:<24} {:>10} {:>12} {:>11} {:>10} {:>10} {:>12}\n", l.value("plane", ""),
+                       l.value("src", "") + " -> " + l.value("dst", ""), l.value("packets", 0ull),
+                       l.value("bytes", 0ull), l.value("queue_drops", 0ull), l.value("loss_drops", 0ull),
+                       formatBytes(l.value("backlog_bytes", 0ull)), formatBytes(l.value("max_backlog_bytes", 0ull)));
+  }
+  const auto& e = j["emulator"];
+  out += fmt::format("\nemulator: {} packets in, {} out, {} unroutable, {} over budget, {} write errors, {:.2f} s CPU\n",
+                     e.value("packets_in", 0ull), e.value("packets_out", 0ull), e.value("unroutable", 0ull),
+                     e.value("overflow_drops", 0ull), e.value("write_errors", 0ull), e.value("cpu_s", 0.0));
+  out += fmt::format("\n{:<16} {:<12} {:<22}", "node", "region", "namespace");
+  for (const auto& p : t.planes) out += fmt::format(" {:<16}", p.name);
+  out += "\n";
+  for (int n = 0; n < static_cast<int>(t.nodes.size()); ++n) {
+    const Node& node = t.nodes[static_cast<std::size_t>(n)];
+    out += fmt::format("{:<16} {:<12} {:<22}", node.name, t.regions[static_cast<std::size_t>(node.region)].name,
+                       lab.namespaceOf(n));
+    for (int p = 0; p < static_cast<int>(t.planes.size()); ++p) out += fmt::format(" {:<16}", t.address(p, n));
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace meridian::lab

@@ -1,0 +1,75 @@
+// A running lab: its namespaces, its emulator daemon and its state directory
+// (/run/meridian-lab/<name>/: state.json, topology.yaml, control.sock, emulator.log).
+// The state is written before anything is created, so `down` can remove a lab whose
+// `up` crashed half-way. Everything the lab creates is named "<lab>-<node>".
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/status.h"
+#include "lab/topology.h"
+
+namespace meridian::lab {
+
+inline constexpr const char* kDefaultLabName = "mlab";
+inline constexpr const char* kStateRoot = "/run/meridian-lab";
+
+struct LabState {
+  std::string name;
+  std::string dir;
+  Topology topology;  // as the lab runs it (time scale applied by the emulator)
+  int emulatorPid = 0;
+  std::vector<std::string> namespaces;
+  std::string controlSocket() const { return dir + "/control.sock"; }
+  std::string namespaceOf(int node) const { return name + "-" + topology.nodes[static_cast<std::size_t>(node)].name; }
+};
+
+Status validateLabName(const std::string& name);
+
+struct UpOptions {
+  std::string name = kDefaultLabName;
+  std::optional<double> timeScale;  // overrides the file's
+  bool foreground = false;          // run the emulator in this process (until SIGINT/SIGTERM)
+};
+
+// Builds the lab: namespaces, TUN interfaces, the emulator daemon. On failure nothing is
+// left behind. Prints a summary to stdout.
+Status labUp(const std::string& topologyFile, const UpOptions& options);
+
+// Removes the lab (also one left by a crash): stops the emulator and the processes still
+// running in its namespaces, deletes the namespaces and the state directory.
+Status labDown(const std::string& name);
+
+// The state of a lab that is up (error: "no lab named X is up").
+Result<LabState> loadLab(const std::string& name);
+
+// What a process started in `node` finds in its environment: MERIDIAN_REGION,
+// MERIDIAN_LAB, MERIDIAN_LAB_NODE, MERIDIAN_LAB_RANK / MERIDIAN_LAB_NODES (a rank hint),
+// MERIDIAN_LAB_ADDR_<PLANE> per plane, and MERIDIAN_PATHS (all of the node's addresses)
+// unless it is set already.
+std::vector<std::pair<std::string, std::string>> nodeEnvironment(const LabState& lab, int node);
+
+// `run NODE -- CMD...`: replaces this process with CMD inside the node (returns only on
+// error).
+Status execInNode(const LabState& lab, const std::string& node, const std::vector<std::string>& argv);
+
+// `exec-all -- CMD...`: one process per node (as ranks of one job: MERIDIAN_RANK,
+// MERIDIAN_WORLD_SIZE, MERIDIAN_STORE on the first node's first-plane address), output
+// lines prefixed with the node name; returns the worst exit code.
+int execAll(const LabState& lab, const std::vector<std::string>& argv);
+
+// `set` and `restore`: changes links live through the emulator.
+Result<nlohmann::json> setLink(const LabState& lab, const std::string& plane, const std::string& src,
+                               const std::string& dst, const LinkChange& change, bool bothWays);
+Result<nlohmann::json> restoreLink(const LabState& lab, const std::string& plane, const std::string& src,
+                                   const std::string& dst, bool bothWays);
+
+// `status`: the matrix per plane, the nodes, and the counters, as text.
+Result<std::string> statusText(const LabState& lab);
+
+}  // namespace meridian::lab

@@ -1,0 +1,380 @@
+// The real lab (label `lab`: needs root and /dev/net/tun, skips visibly without them):
+// meridian-lab up/run/set/cut/restore/status/down on lab/topologies/two-regions.yaml,
+// round-trip times measured with a UDP echo through the emulator, TCP throughput with
+// iperf3, and nothing left behind.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "lab/lab.h"
+#include "lab/netns.h"
+
+namespace meridian::lab {
+namespace {
+
+constexpr const char* kLab = "mltest";
+const std::string kTopology = std::string(MERIDIAN_SOURCE_DIR) + "/lab/topologies/two-regions.yaml";
+
+struct CommandResult {
+  int code = -1;
+  std::string output;  // stdout and stderr
+};
+
+CommandResult sh(const std::string& command) {
+  CommandResult r;
+  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  while (std::size_t n = std::fread(buf, 1, sizeof(buf), p)) r.output.append(buf, n);
+  int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+std::string lab(const std::string& args) { return fmt::format("{} --lab {} {}", MERIDIAN_LAB_BIN, kLab, args); }
+
+bool haveIperf3() { return sh("command -v iperf3").code == 0; }
+
+// Skips (visibly) where the lab cannot run.
+#define REQUIRE_LAB()                                                            \
+  do {                                                                           \
+    if (!requireRoot().isOk()) GTEST_SKIP() << requireRoot().message();          \
+    if (!requireTun().isOk()) GTEST_SKIP() << requireTun().message();            \
+  } while (0)
+
+// Brings the test lab up (time scale as given) and always takes it down again.
+class LabFixture : public ::testing::Test {
+ protected:
+  void bringUp(const std::string& extra = "") {
+    sh(lab("down"));  // a previous crashed run
+    auto r = sh(lab("up " + kTopology + " " + extra));
+    ASSERT_EQ(r.code, 0) << r.output;
+    auto s = loadLab(kLab);
+    ASSERT_TRUE(s.isOk()) << s.status().message();
+    state_ = s.value();
+    up_ = true;
+  }
+  void TearDown() override {
+    if (up_) {
+      auto r = sh(lab("down"));
+      EXPECT_EQ(r.code, 0) << r.output;
+    }
+  }
+  int node(const std::string& name) { return state_.topology.findNode(name).value(); }
+  std::string addr(const std::string& plane, const std::string& name) {
+    return state_.topology.address(state_.topology.findPlane(plane).value(), node(name));
+  }
+
+  LabState state_;
+  bool up_ = false;
+};
+
+// A UDP echo between two nodes: `rtts` round trips, in ms; -1 for one lost (500 ms).
+class Echo {
+ public:
+  Echo(const LabState& s, int from, int to, const std::string& fromAddr, const std::string& toAddr) {
+    server_ = socketIn(s.namespaceOf(to), AF_INET, SOCK_DGRAM).value();
+    auto sa = ipv4Address(toAddr, 0);
+    socklen_t len = sizeof(sa);
+    EXPECT_EQ(::bind(server_.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+    ::getsockname(server_.get(), reinterpret_cast<sockaddr*>(&sa), &len);
+    timeval tv{0, 50'000};
+    ::setsockopt(server_.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    client_ = socketIn(s.namespaceOf(from), AF_INET, SOCK_DGRAM).value();
+    auto ca = ipv4Address(fromAddr, 0);
+    EXPECT_EQ(::bind(client_.get(), reinterpret_cast<sockaddr*>(&ca), sizeof(ca)), 0);
+    EXPECT_EQ(::connect(client_.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+    thread_ = std::thread([this] {
+      char buf[2048];
+      while (!stop_) {
+        sockaddr_in peer{};
+        socklen_t plen = sizeof(peer);
+        ssize_t n = ::recvfrom(server_.get(), buf, sizeof(buf), 0, reinterpret_cast<sockaddr*>(&peer), &plen);
+        if (n > 0) ::sendto(server_.get(), buf, static_cast<std::size_t>(n), 0, reinterpret_cast<sockaddr*>(&peer), plen);
+      }
+    });
+  }
+  ~Echo() {
+    stop_ = true;
+    thread_.join();
+  }
+  // Round trips in ms (lost ones are left out); sequence numbers reject late echoes.
+  std::vector<double> measure(int count, std::chrono::milliseconds timeout = std::chrono::milliseconds(500)) {
+    std::vector<double> out;
+    for (int i = 0; i < count; ++i) {
+      const std::uint64_t seq = next_++;
+      auto t0 = std::chrono::steady_clock::now();
+      if (::send(client_.get(), &seq, sizeof(seq), 0) != sizeof(seq)) continue;
+      for (;;) {
+        auto left = timeout - (std::chrono::steady_clock::now() - t0);
+        if (left <= std::chrono::milliseconds(0)) break;
+        auto us = std::chrono::duration_cast<std::chrono::microseconds>(left).count();
+        timeval tv{static_cast<time_t>(us / 1'000'000), static_cast<suseconds_t>(us % 1'000'000)};
+        ::setsockopt(client_.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        std::uint64_t got = 0;
+        if (::recv(client_.get(), &got, sizeof(got), 0) != sizeof(got)) break;
+        if (got == seq) {
+          out.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+          break;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return out;
+  }
+
+ private:
+  UniqueFd server_, client_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::uint64_t next_ = 1;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return -1;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The lab's accuracy promise: within 5% + 0.2 ms of the configured round trip.
+void expectRtt(double measuredMs, double configuredMs, const std::string& what) {
+  EXPECT_NEAR(measuredMs, configuredMs, configuredMs * 0.05 + 0.2) << what;
+}
+
+TEST_F(LabFixture, RoundTripsMatchTheTopologyOnEveryPlane) {
+  REQUIRE_LAB();
+  bringUp();
+  struct Case {
+    const char* plane;
+    const char* from;
+    const char* to;
+  };
+  for (const Case& c : {Case{"wan-a", "east-1", "east-2"}, Case{"wan-a", "east-1", "west-1"},
+                        Case{"wan-b", "east-2", "west-2"}, Case{"wan-b", "west-1", "west-2"}}) {
+    const Topology& t = state_.topology;
+    const int p = t.findPlane(c.plane).value();
+    const auto& fwd = t.link(p, t.nodes[node(c.from)].region, t.nodes[node(c.to)].region);
+    const auto& back = t.link(p, t.nodes[node(c.to)].region, t.nodes[node(c.from)].region);
+    const double configured = (fwd.delayUs + back.delayUs) * t.timeScale / 1000;
+    Echo echo(state_, node(c.from), node(c.to), addr(c.plane, c.from), addr(c.plane, c.to));
+    auto rtts = echo.measure(15);
+    ASSERT_GE(rtts.size(), 14u) << c.plane << " " << c.from << " -> " << c.to << ": echoes lost on a lossless link";
+    expectRtt(median(rtts), configured, fmt::format("{} {} -> {}", c.plane, c.from, c.to));
+  }
+}
+
+TEST_F(LabFixture, SetChangesTheRoundTripWithinASecondAndCutDropsEverything) {
+  REQUIRE_LAB();
+  bringUp("--time-scale 0.5");
+  Echo echo(state_, node("east-1"), node("west-1"), addr("wan-a", "east-1"), addr("wan-a", "west-1"));
+  expectRtt(median(echo.measure(10)), 20.0, "before set (2 x 20 ms x 0.5)");
+
+  auto r = sh(lab("set wan-a east west --delay 60ms"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("60ms"), std::string::npos) << r.output;
+  // The first echo sent after `set` returns already sees the new delay (well within 1 s).
+  auto t0 = std::chrono::steady_clock::now();
+  auto after = echo.measure(10);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+  ASSERT_FALSE(after.empty());
+  expectRtt(after.front(), 60.0, "first echo after set (2 x 60 ms x 0.5)");
+  expectRtt(median(after), 60.0, "after set");
+
+  r = sh(lab("set wan-a east west --one-way --delay 10ms"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  expectRtt(median(echo.measure(10)), 35.0, "one way changed: (10 + 60) x 0.5");
+
+  r = sh(lab("cut wan-a east west"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(echo.measure(5, std::chrono::milliseconds(300)).empty()) << "a cut link must drop everything";
+  // The other plane is a different network: still up.
+  Echo other(state_, node("east-1"), node("west-1"), addr("wan-b", "east-1"), addr("wan-b", "west-1"));
+  EXPECT_EQ(other.measure(5).size(), 5u);
+
+  r = sh(lab("restore wan-a east west"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  expectRtt(median(echo.measure(10)), 20.0, "after restore");
+
+  auto status = sh(lab("status"));
+  ASSERT_EQ(status.code, 0) << status.output;
+  EXPECT_NE(status.output.find("east -> west"), std::string::npos) << status.output;
+  EXPECT_NE(status.output.find("loss drops"), std::string::npos) << status.output;
+}
+
+// iperf3 between two nodes: its JSON's received rate in bit/s.
+double iperfRate(const std::string& server, const std::string& client, const std::string& serverAddr, int port,
+                 int seconds, std::string* log) {
+  auto r = sh(lab(fmt::format("run {} -- iperf3 -c {} -p {} -t {} -J", client, serverAddr, port, seconds)));
+  *log += r.output;
+  auto j = nlohmann::json::parse(r.output, nullptr, false);
+  if (r.code != 0 || j.is_discarded()) return -1;
+  (void)server;
+  return j["end"]["sum_received"].value("bits_per_second", -1.0);
+}
+
+// Starts `iperf3 -s -1` in a node (it serves one test, then exits).
+pid_t startIperfServer(const std::string& node, const std::string& address, int port) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    std::string cmd = lab(fmt::format("run {} -- iperf3 -s -1 -B {} -p {}", node, address, port)) + " >/dev/null 2>&1";
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
+    ::_exit(127);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  return pid;
+}
+
+TEST_F(LabFixture, TcpReachesTheConfiguredRateAndTwoFlowsShareIt) {
+  REQUIRE_LAB();
+  if (!haveIperf3()) GTEST_SKIP() << "iperf3 is not installed (apt-get install iperf3)";
+  bringUp();
+  const Topology& t = state_.topology;
+  const double rate = t.link(0, 0, 1).rateBitsPerSec;
+  ASSERT_GT(rate, 0);
+  std::string log;
+
+  pid_t server = startIperfServer("west-1", addr("wan-a", "west-1"), 5201);
+  double one = iperfRate("west-1", "east-1", addr("wan-a", "west-1"), 5201, 4, &log);
+  ::waitpid(server, nullptr, 0);
+  EXPECT_GE(one, 0.85 * rate) << log;
+  EXPECT_LE(one, 1.02 * rate) << log;
+
+  // Two flows between different nodes of the same region pair share its one link.
+  pid_t s1 = startIperfServer("west-1", addr("wan-a", "west-1"), 5202);
+  pid_t s2 = startIperfServer("west-2", addr("wan-a", "west-2"), 5203);
+  double a = -1, b = -1;
+  std::string logB;
+  std::thread tb([&] { b = iperfRate("west-2", "east-2", addr("wan-a", "west-2"), 5203, 4, &logB); });
+  a = iperfRate("west-1", "east-1", addr("wan-a", "west-1"), 5202, 4, &log);
+  tb.join();
+  ::waitpid(s1, nullptr, 0);
+  ::waitpid(s2, nullptr, 0);
+  log += logB;
+  EXPECT_GE(a + b, 0.85 * rate) << log;
+  EXPECT_LE(a + b, 1.02 * rate) << log;
+  EXPECT_GE(a, 0.25 * rate) << "one flow starved: " << a << " vs " << b;
+  EXPECT_GE(b, 0.25 * rate) << "one flow starved: " << a << " vs " << b;
+  std::printf("[ lab      ] configured %.0f Mbit/s: one flow %.1f Mbit/s; two flows %.1f + %.1f Mbit/s\n", rate / 1e6,
+              one / 1e6, a / 1e6, b / 1e6);
+}
+
+TEST_F(LabFixture, RunSetsTheNodeEnvironmentAndExecAllRunsEveryNode) {
+  REQUIRE_LAB();
+  bringUp();
+  auto r = sh(lab("run west-2 -- sh -c 'echo $MERIDIAN_REGION $MERIDIAN_LAB_NODE $MERIDIAN_LAB_RANK "
+                  "$MERIDIAN_LAB_ADDR_WAN_A $MERIDIAN_PATHS'"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("west west-2 3 198.18.0.4 198.18.0.4,198.18.1.4"), std::string::npos) << r.output;
+  // The node's own interfaces, and nothing of the host's.
+  r = sh(lab("run east-1 -- ip -o -4 addr show"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("198.18.0.1/24"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("198.18.1.1/24"), std::string::npos) << r.output;
+
+  r = sh(lab("exec-all -- sh -c 'echo rank=$MERIDIAN_RANK of $MERIDIAN_WORLD_SIZE; exit $MERIDIAN_RANK'"));
+  EXPECT_EQ(r.code, 3) << "the worst exit code: " << r.output;
+  for (const char* line : {"[east-1] rank=0 of 4", "[west-2] rank=3 of 4"}) {
+    EXPECT_NE(r.output.find(line), std::string::npos) << r.output;
+  }
+}
+
+TEST(LabChecksTest, MissingTunAndMissingRootAreOneLineErrors) {
+  Status tun = requireTun("/nonexistent/net/tun");
+  ASSERT_FALSE(tun.isOk());
+  EXPECT_EQ(tun.message().find('\n'), std::string::npos);
+  EXPECT_NE(tun.message().find("/nonexistent/net/tun is missing"), std::string::npos) << tun.message();
+  if (::geteuid() != 0) {
+    EXPECT_NE(requireRoot().message().find("needs root"), std::string::npos);
+    return;
+  }
+  // As root, drop to nobody for one command.
+  if (sh("command -v setpriv").code != 0) GTEST_SKIP() << "setpriv (util-linux) is missing: cannot run as a non-root user";
+  auto r = sh(fmt::format("setpriv --reuid=65534 --regid=65534 --clear-groups {} up {}", MERIDIAN_LAB_BIN, kTopology));
+  if (r.output.find("ermission denied") != std::string::npos) GTEST_SKIP() << "nobody cannot run the binary here";
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("meridian-lab needs root"), std::string::npos) << r.output;
+}
+
+TEST_F(LabFixture, ClearErrorsAndNothingHalfBuilt) {
+  REQUIRE_LAB();
+  auto r = sh(lab("up /nonexistent.yaml"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("/nonexistent.yaml"), std::string::npos) << r.output;
+  EXPECT_FALSE(namespaceExists(std::string(kLab) + "-east-1"));
+
+  const std::string bad = ::testing::TempDir() + "/bad-topology.yaml";
+  std::ofstream(bad) << "name: bad\nregions:\n  - {name: east, nodes: 1}\nplanes:\n  - name: wan-a\n    links: []\n";
+  r = sh(lab("up " + bad));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find(bad + ":"), std::string::npos) << "names file and line: " << r.output;
+  EXPECT_FALSE(std::filesystem::exists(std::string(kStateRoot) + "/" + kLab));
+
+  bringUp();
+  r = sh(lab("run paris-1 -- true"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("unknown node 'paris-1'"), std::string::npos) << r.output;
+  r = sh(lab("set wan-a east mars --delay 1ms"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("mars"), std::string::npos) << r.output;
+  r = sh(lab("set wan-a east west --delay fast"));
+  EXPECT_EQ(r.code, 1);
+  r = sh(lab("up " + kTopology));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("already up"), std::string::npos) << r.output;
+}
+
+TEST_F(LabFixture, DownLeavesNothingBehindEvenAfterACrash) {
+  REQUIRE_LAB();
+  bringUp();
+  const int emulator = state_.emulatorPid;
+  ASSERT_GT(emulator, 0);
+  // A process left running inside a node is stopped by down, too.
+  auto r = sh(lab("run east-1 -- sh -c 'sleep 300 >/dev/null 2>&1 & echo $!'"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const int sleeper = std::atoi(r.output.c_str());
+  ASSERT_GT(sleeper, 0) << r.output;
+
+  // The emulator dies hard; `up` again cleans up after it and builds a fresh lab.
+  ASSERT_EQ(::kill(emulator, SIGKILL), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  r = sh(lab("up " + kTopology));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("left behind"), std::string::npos) << r.output;
+  auto again = loadLab(kLab);
+  ASSERT_TRUE(again.isOk());
+  const int emulator2 = again->emulatorPid;
+
+  r = sh(lab("down"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  up_ = false;
+  for (const auto& n : state_.topology.nodes) {
+    EXPECT_FALSE(namespaceExists(std::string(kLab) + "-" + n.name)) << n.name;
+  }
+  EXPECT_FALSE(std::filesystem::exists(std::string(kStateRoot) + "/" + kLab));
+  EXPECT_NE(::kill(emulator2, 0), 0) << "emulator still running";
+  EXPECT_NE(::kill(sleeper, 0), 0) << "a process started in the lab survived down (pid " << sleeper << ")";
+  // The TUN interfaces went with the namespaces: none is left in this one.
+  auto links = sh("ip -o link show type tun");
+  EXPECT_EQ(links.output.find("wan-"), std::string::npos) << links.output;
+}
+
+}  // namespace
+}  // namespace meridian::lab
