@@ -121,6 +121,10 @@ struct Emulator::Impl {
       Packet pkt = std::move(const_cast<Packet&>(pending.top()));
       pending.pop();
       ssize_t n = ::write(ports[static_cast<std::size_t>(pkt.dstPort)].fd.get(), pkt.data.get(), pkt.len);
+      const auto late = static_cast<std::uint64_t>(std::max<std::int64_t>(0, monotonicNs() - pkt.deliverNs));
+      stats.lateSumNs += late;
+      stats.lateMaxNs = std::max(stats.lateMaxNs, late);
+      stats.lateOver100us += late > 100'000 ? 1 : 0;
       if (n == static_cast<ssize_t>(pkt.len)) {
         ++stats.packetsOut;
       } else {
@@ -274,6 +278,9 @@ struct Emulator::Impl {
                        {"bytes_in", stats.bytesIn},           {"unroutable", stats.unroutable},
                        {"overflow_drops", stats.overflowDrops}, {"write_errors", stats.writeErrors},
                        {"held_bytes", heldBytes},             {"cpu_s", cpu},
+                       {"late_sum_us", static_cast<double>(stats.lateSumNs) * 1e-3},
+                       {"late_max_us", static_cast<double>(stats.lateMaxNs) * 1e-3},
+                       {"late_over_100us", stats.lateOver100us},
                        {"pid", ::getpid()}};
       return j;
     }

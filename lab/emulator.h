@@ -33,6 +33,10 @@ struct EmulatorStats {
   std::uint64_t unroutable = 0;     // not IPv4, or to an address no node has
   std::uint64_t overflowDrops = 0;  // over the emulator's own buffer budget
   std::uint64_t writeErrors = 0;
+  // How late packets left against their delivery time (the emulator's own error).
+  std::uint64_t lateSumNs = 0;
+  std::uint64_t lateMaxNs = 0;
+  std::uint64_t lateOver100us = 0;
 };
 
 class Emulator {

@@ -440,6 +440,10 @@ Result<std::string> statusText(const LabState& lab) {
   out += fmt::format("\nemulator: {} packets in, {} out, {} unroutable, {} over budget, {} write errors, {:.2f} s CPU\n",
                      e.value("packets_in", 0ull), e.value("packets_out", 0ull), e.value("unroutable", 0ull),
                      e.value("overflow_drops", 0ull), e.value("write_errors", 0ull), e.value("cpu_s", 0.0));
+  const double outPackets = std::max(1.0, e.value("packets_out", 0.0));
+  out += fmt::format("          packets left {:.1f} us late on average (max {:.0f} us; {} over 100 us)\n",
+                     e.value("late_sum_us", 0.0) / outPackets, e.value("late_max_us", 0.0),
+                     e.value("late_over_100us", 0ull));
   out += fmt::format("\n{:<16} {:<12} {:<22}", "node", "region", "namespace");
   for (const auto& p : t.planes) out += fmt::format(" {:<16}", p.name);
   out += "\n";

@@ -19,6 +19,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "lab/emulator.h"
 #include "lab/lab.h"
 #include "lab/netns.h"
 #include "lab/scenario.h"
@@ -133,7 +134,9 @@ int main(int argc, char** argv) {
   auto* scenario = app.add_subcommand("scenario", "Run timed link events from a file");
   scenario->add_option("file", scenarioFile, "Scenario file (YAML)")->required();
 
+  bool json = false;
   auto* status = app.add_subcommand("status", "Print the link matrix per plane, the counters and the nodes");
+  status->add_flag("--json", json, "The emulator's raw status as JSON");
 
   CLI11_PARSE(app, argc, argv);
   if (Status st = validateLabName(labName); !st.isOk()) return fail(st);
@@ -204,6 +207,12 @@ int main(int argc, char** argv) {
     if (!events.isOk()) return fail(events.status());
     Status st = runScenario(lab.value(), events.value(), &gStop);
     return st.isOk() ? 0 : fail(st);
+  }
+  if (*status && json) {
+    auto j = controlRequest(lab->controlSocket(), {{"cmd", "status"}});
+    if (!j.isOk()) return fail(j.status());
+    std::printf("%s\n", j.value().dump(2).c_str());
+    return 0;
   }
   if (*status) {
     auto text = statusText(lab.value());
