@@ -276,6 +276,116 @@ TEST_F(LabFixture, TcpReachesTheConfiguredRateAndTwoFlowsShareIt) {
               one / 1e6, a / 1e6, b / 1e6);
 }
 
+TEST_F(LabFixture, CrossTrafficQueuesAndDropsLikeRealCongestion) {
+  REQUIRE_LAB();
+  bringUp();
+  const Topology& t = state_.topology;
+  const double rate = t.link(0, 0, 1).rateBitsPerSec;
+  Echo echo(state_, node("east-2"), node("west-2"), addr("wan-a", "east-2"), addr("wan-a", "west-2"));
+  const double idle = median(echo.measure(5));
+  expectRtt(idle, 40.0, "idle");
+
+  // 1.5x the link's rate from another pair of nodes of the same regions, for 3 s.
+  CommandResult flow;
+  std::thread sender([&] {
+    flow = sh(lab(fmt::format("cross-traffic wan-a east-1 west-1 --rate {}bit --duration 3s", 1.5 * rate)));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const double loaded = median(echo.measure(5, std::chrono::milliseconds(1000)));
+  sender.join();
+  ASSERT_EQ(flow.code, 0) << flow.output;
+  // The queue in front of the link fills: echoes wait behind it (default queue: 50 ms at
+  // the rate), and what the flow gets through is the link's rate.
+  EXPECT_GT(loaded, idle + 20) << "no queueing delay under 1.5x load";
+  float sent = 0, received = 0;
+  ASSERT_EQ(std::sscanf(flow.output.c_str() + flow.output.find("sent"), "sent %f Mbit/s, received %f", &sent, &received),
+            2)
+      << flow.output;
+  EXPECT_NEAR(sent, 1.5 * rate / 1e6, 0.1 * rate / 1e6) << flow.output;
+  EXPECT_NEAR(received, rate / 1e6, 0.15 * rate / 1e6) << flow.output;
+  auto status = sh(lab("status --json"));
+  auto j = nlohmann::json::parse(status.output, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << status.output;
+  std::uint64_t queueDrops = 0;
+  for (const auto& l : j["links"]) {
+    if (l["plane"] == "wan-a" && l["src"] == "east" && l["dst"] == "west") queueDrops = l["queue_drops"];
+  }
+  EXPECT_GT(queueDrops, 0u) << "an overloaded drop-tail queue drops";
+  // Once the flow is over, the queue drains and the round trip is back.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  expectRtt(median(echo.measure(5)), 40.0, "after the flow");
+}
+
+TEST_F(LabFixture, ScenarioAppliesTimedEvents) {
+  REQUIRE_LAB();
+  bringUp();
+  const std::string file = ::testing::TempDir() + "/scenario.yaml";
+  std::ofstream(file) << R"(events:
+  - at: 2s
+    restore: {plane: wan-a, between: [east, west]}
+  - at: 0s
+    degrade: {plane: wan-a, between: [east, west], delay: 50ms}
+  - at: 1s
+    cut: {plane: wan-a, from: east, to: west}
+)";
+  Echo echo(state_, node("east-1"), node("west-1"), addr("wan-a", "east-1"), addr("wan-a", "west-1"));
+  CommandResult run;
+  const auto start = std::chrono::steady_clock::now();
+  std::thread scenario([&] { run = sh(lab("scenario " + file)); });
+  auto at = [&](double s) {
+    std::this_thread::sleep_until(start + std::chrono::milliseconds(static_cast<int>(s * 1000)));
+  };
+  at(0.4);
+  const double degraded = median(echo.measure(3, std::chrono::milliseconds(300)));
+  at(1.3);
+  const auto cut = echo.measure(3, std::chrono::milliseconds(150));
+  at(2.4);
+  const double restored = median(echo.measure(3, std::chrono::milliseconds(300)));
+  scenario.join();
+  ASSERT_EQ(run.code, 0) << run.output;
+  expectRtt(degraded, 100.0, "degraded to 50 ms one way");
+  EXPECT_TRUE(cut.empty()) << "east -> west was cut";
+  expectRtt(restored, 40.0, "restored");
+  // Events run in time order, whatever the file's order, and are printed as they happen.
+  const auto d = run.output.find("degrade wan-a"), c = run.output.find("cut wan-a"), r = run.output.find("restore wan-a");
+  ASSERT_NE(d, std::string::npos) << run.output;
+  EXPECT_LT(d, c) << run.output;
+  EXPECT_LT(c, r) << run.output;
+  EXPECT_NE(run.output.find("scenario done"), std::string::npos) << run.output;
+
+  std::ofstream(file) << "events:\n  - at: 1s\n    degrade: {plane: wan-a, between: [east, mars], delay: 5ms}\n";
+  auto bad = sh(lab("scenario " + file));
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.output.find(file + ":3:"), std::string::npos) << "names file and line: " << bad.output;
+  EXPECT_NE(bad.output.find("mars"), std::string::npos) << bad.output;
+}
+
+TEST_F(LabFixture, TheShippedThreeRegionWorldComesUpWithItsRoundTrips) {
+  REQUIRE_LAB();
+  const std::string file = std::string(MERIDIAN_SOURCE_DIR) + "/lab/topologies/three-regions.yaml";
+  sh(lab("down"));
+  // A tenth of the real delays keeps the test short; the emulator scales them.
+  auto r = sh(lab("up " + file + " --time-scale 0.1"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  up_ = true;  // TearDown takes it down
+  auto s = loadLab(kLab);
+  ASSERT_TRUE(s.isOk()) << s.status().message();
+  const Topology& t = s->topology;
+  EXPECT_EQ(t.nodes.size(), 6u);
+  EXPECT_EQ(t.planes.size(), 2u);
+  const int london = t.findNode("london-1").value(), singapore = t.findNode("singapore-2").value();
+  for (int p = 0; p < 2; ++p) {
+    const double configured =
+        (t.link(p, t.nodes[london].region, t.nodes[singapore].region).delayUs +
+         t.link(p, t.nodes[singapore].region, t.nodes[london].region).delayUs) * 0.1 / 1000;
+    Echo echo(s.value(), london, singapore, t.address(p, london), t.address(p, singapore));
+    auto rtts = echo.measure(10);
+    ASSERT_GE(rtts.size(), 9u);
+    // The shipped planes have jitter: compare the median with a little more room.
+    EXPECT_NEAR(median(rtts), configured, configured * 0.05 + 0.5) << t.planes[p].name;
+  }
+}
+
 TEST_F(LabFixture, RunSetsTheNodeEnvironmentAndExecAllRunsEveryNode) {
   REQUIRE_LAB();
   bringUp();
