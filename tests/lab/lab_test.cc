@@ -272,8 +272,26 @@ TEST_F(LabFixture, TcpReachesTheConfiguredRateAndTwoFlowsShareIt) {
   EXPECT_LE(a + b, 1.02 * rate) << log;
   EXPECT_GE(a, 0.25 * rate) << "one flow starved: " << a << " vs " << b;
   EXPECT_GE(b, 0.25 * rate) << "one flow starved: " << a << " vs " << b;
-  std::printf("[ lab      ] configured %.0f Mbit/s: one flow %.1f Mbit/s; two flows %.1f + %.1f Mbit/s\n", rate / 1e6,
-              one / 1e6, a / 1e6, b / 1e6);
+
+  // `set` changes the rate live: the first second of a flow started right after it already
+  // runs at the new rate.
+  const double slower = rate * 0.4;
+  auto r = sh(lab(fmt::format("set wan-a east west --rate {}bit", slower)));
+  ASSERT_EQ(r.code, 0) << r.output;
+  pid_t s3 = startIperfServer("west-1", addr("wan-a", "west-1"), 5204);
+  // -R: west-1 sends and the client receives, so the per-second figures are what arrived.
+  auto flow = sh(lab(fmt::format("run east-1 -- iperf3 -c {} -p 5204 -t 3 -R -J", addr("wan-a", "west-1"))));
+  ::waitpid(s3, nullptr, 0);
+  auto j = nlohmann::json::parse(flow.output, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << flow.output;
+  const double total = j["end"]["sum_received"].value("bits_per_second", -1.0);
+  const double firstSecond = j["intervals"][0]["sum"].value("bits_per_second", -1.0);
+  EXPECT_GE(total, 0.85 * slower) << flow.output;
+  EXPECT_LE(total, 1.02 * slower) << flow.output;
+  EXPECT_LE(firstSecond, 1.05 * slower) << "the first second after set still ran faster than the new rate";
+  std::printf("[ lab      ] configured %.0f Mbit/s: one flow %.1f Mbit/s; two flows %.1f + %.1f Mbit/s; "
+              "after set to %.0f Mbit/s: %.1f Mbit/s (first second %.1f)\n",
+              rate / 1e6, one / 1e6, a / 1e6, b / 1e6, slower / 1e6, total / 1e6, firstSecond / 1e6);
 }
 
 TEST_F(LabFixture, CrossTrafficQueuesAndDropsLikeRealCongestion) {
