@@ -45,52 +45,6 @@ std::size_t sizeClass(std::size_t bytes) {
   return 3;
 }
 
-std::vector<std::string> splitCommaList(const std::string& text) {
-  std::vector<std::string> out;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    std::size_t end = text.find(',', start);
-    if (end == std::string::npos) end = text.size();
-    std::string item = text.substr(start, end - start);
-    while (!item.empty() && item.front() == ' ') item.erase(item.begin());
-    while (!item.empty() && item.back() == ' ') item.pop_back();
-    if (!item.empty()) out.push_back(std::move(item));
-    start = end + 1;
-  }
-  return out;
-}
-
-std::string joinCommaList(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& s : items) {
-    if (!out.empty()) out += ',';
-    out += s;
-  }
-  return out;
-}
-
-// The local IPv4 address the kernel would use to reach host:port (no packet is sent).
-std::string localAddressToward(const std::string& hostPort) {
-  std::size_t colon = hostPort.rfind(':');
-  std::string host = colon == std::string::npos ? hostPort : hostPort.substr(0, colon);
-  const std::string port = colon == std::string::npos ? std::string() : hostPort.substr(colon + 1);
-  const char* service = port.empty() || port == "0" ? "1" : port.c_str();  // any port will do
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), service, &hints, &res) != 0 || res == nullptr) return "127.0.0.1";
-  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(res, &::freeaddrinfo);
-  UniqueFd fd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  if (!fd.valid() || ::connect(fd.get(), res->ai_addr, res->ai_addrlen) != 0) return "127.0.0.1";
-  sockaddr_in local{};
-  socklen_t len = sizeof(local);
-  if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &len) != 0) return "127.0.0.1";
-  std::array<char, INET_ADDRSTRLEN> buf{};
-  if (::inet_ntop(AF_INET, &local.sin_addr, buf.data(), buf.size()) == nullptr) return "127.0.0.1";
-  return buf.data();
-}
-
 bool isCollective(Communicator::OpKind k) {
   return k != Communicator::OpKind::kSend && k != Communicator::OpKind::kRecv;
 }
@@ -224,8 +178,7 @@ Result<std::unique_ptr<Communicator>> Communicator::createFromEnvironment(const 
   if (opts.timeout.count() <= 0) {
     opts.timeout = std::chrono::milliseconds(knobInt(knobs::kTimeoutMs, 1, std::numeric_limits<std::int32_t>::max()));
   }
-  if (opts.localAddresses.empty()) opts.localAddresses = splitCommaList(knobString(knobs::kPaths));
-  if (opts.localAddresses.empty()) opts.localAddresses = {localAddressToward(info.storeAddress)};
+  if (opts.localAddresses.empty()) opts.localAddresses = localPathAddresses(info);
   auto owned = std::make_unique<Owned>();
   const std::string secret = opts.secret.empty() ? loadJobSecret() : opts.secret;
   MERIDIAN_ASSIGN_OR_RETURN(owned->store,

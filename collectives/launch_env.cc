@@ -2,13 +2,18 @@
 #include "collectives/launch_env.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
 
+#include <array>
 #include <charconv>
+#include <memory>
 #include <climits>
 #include <cstdlib>
 #include <optional>
 #include <string_view>
 
+#include "core/fd.h"
 #include "core/knobs.h"
 #include "core/log.h"
 #include "transport/tcp/socket.h"
@@ -270,6 +275,58 @@ Result<std::unique_ptr<Store>> rendezvous(const LaunchInfo& info, const std::str
   MLOG_INFO(kCollectives, "rank {} of {} (launcher {}) joined the store at {}", info.rank, info.worldSize,
             info.launcher, connectAddress);
   return std::unique_ptr<Store>(std::move(store).value());
+}
+
+std::vector<std::string> splitCommaList(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    std::size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    std::string item = text.substr(start, end - start);
+    while (!item.empty() && item.front() == ' ') item.erase(item.begin());
+    while (!item.empty() && item.back() == ' ') item.pop_back();
+    if (!item.empty()) out.push_back(std::move(item));
+    start = end + 1;
+  }
+  return out;
+}
+
+std::string joinCommaList(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& s : items) {
+    if (!out.empty()) out += ',';
+    out += s;
+  }
+  return out;
+}
+
+// The local IPv4 address the kernel would use to reach host:port (no packet is sent).
+std::string localAddressToward(const std::string& hostPort) {
+  std::size_t colon = hostPort.rfind(':');
+  std::string host = colon == std::string::npos ? hostPort : hostPort.substr(0, colon);
+  const std::string port = colon == std::string::npos ? std::string() : hostPort.substr(colon + 1);
+  const char* service = port.empty() || port == "0" ? "1" : port.c_str();  // any port will do
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), service, &hints, &res) != 0 || res == nullptr) return "127.0.0.1";
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(res, &::freeaddrinfo);
+  UniqueFd fd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid() || ::connect(fd.get(), res->ai_addr, res->ai_addrlen) != 0) return "127.0.0.1";
+  sockaddr_in local{};
+  socklen_t len = sizeof(local);
+  if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &len) != 0) return "127.0.0.1";
+  std::array<char, INET_ADDRSTRLEN> buf{};
+  if (::inet_ntop(AF_INET, &local.sin_addr, buf.data(), buf.size()) == nullptr) return "127.0.0.1";
+  return buf.data();
+}
+
+std::vector<std::string> localPathAddresses(const LaunchInfo& info) {
+  std::vector<std::string> paths = splitCommaList(knobString(knobs::kPaths));
+  if (paths.empty()) paths = {localAddressToward(info.storeAddress)};
+  return paths;
 }
 
 }  // namespace meridian::collectives

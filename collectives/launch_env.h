@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "collectives/store.h"
 #include "core/clock.h"
@@ -42,5 +43,16 @@ Result<LaunchInfo> detectLaunch();
 // with port 0 lets the kernel pick (a world of 1, or tests that pass the port on).
 Result<std::unique_ptr<Store>> rendezvous(const LaunchInfo& info, const std::string& secret, TimePoint deadline,
                                           std::unique_ptr<StoreServer>* serverOut);
+
+// "a, b,c" -> {"a", "b", "c"} (blanks trimmed, empty items dropped); and back.
+std::vector<std::string> splitCommaList(const std::string& text);
+std::string joinCommaList(const std::vector<std::string>& items);
+
+// The local IPv4 address the kernel would use to reach host:port (no packet is sent);
+// 127.0.0.1 when it cannot tell.
+std::string localAddressToward(const std::string& hostPort);
+
+// This rank's paths: MERIDIAN_PATHS, else the one address that reaches the store.
+std::vector<std::string> localPathAddresses(const LaunchInfo& info);
 
 }  // namespace meridian::collectives

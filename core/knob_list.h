@@ -39,6 +39,12 @@
   X(kSmallAllreduceBytes, "MERIDIAN_SMALL_ALLREDUCE_BYTES", Int, "65536",                          \
     "Allreduce messages up to this size use recursive doubling; larger ones use the ring.")        \
   X(kRingSegmentBytes, "MERIDIAN_RING_SEGMENT_BYTES", Int, "1048576",                              \
-    "Pipelining segment of the ring algorithms, in bytes.")
+    "Pipelining segment of the ring algorithms, in bytes.")                                         \
+  X(kRegion, "MERIDIAN_REGION", String, "",                                                        \
+    "This rank's region (e.g. london); empty: inferred by clustering the measured round trips.")  \
+  X(kProbeIntervalMs, "MERIDIAN_PROBE_INTERVAL_MS", Int, "100",                                    \
+    "Period of the probes sent on every path to every peer, in milliseconds.")                     \
+  X(kRouting, "MERIDIAN_ROUTING", String, "adaptive",                                              \
+    "adaptive: re-plan collectives and path weights from measurements; static: never adapt.")
 
 namespace meridian {}  // keeps this header a valid translation unit on its own

@@ -26,6 +26,7 @@
 
 #include "lab/lab.h"
 #include "lab/netns.h"
+#include "tests/common/lab_session.h"
 
 namespace meridian::lab {
 namespace {
@@ -33,31 +34,18 @@ namespace {
 constexpr const char* kLab = "mltest";
 const std::string kTopology = std::string(MERIDIAN_SOURCE_DIR) + "/lab/topologies/two-regions.yaml";
 
-struct CommandResult {
-  int code = -1;
-  std::string output;  // stdout and stderr
-};
-
-CommandResult sh(const std::string& command) {
-  CommandResult r;
-  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  while (std::size_t n = std::fread(buf, 1, sizeof(buf), p)) r.output.append(buf, n);
-  int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
-
-std::string lab(const std::string& args) { return fmt::format("{} --lab {} {}", MERIDIAN_LAB_BIN, kLab, args); }
+using meridian::testing::CommandResult;
+CommandResult sh(const std::string& command) { return meridian::testing::runShell(command); }
+std::string lab(const std::string& args) { return meridian::testing::labCommand(kLab, args); }
 
 bool haveIperf3() { return sh("command -v iperf3").code == 0; }
 
 // Skips (visibly) where the lab cannot run.
-#define REQUIRE_LAB()                                                            \
-  do {                                                                           \
-    if (!requireRoot().isOk()) GTEST_SKIP() << requireRoot().message();          \
-    if (!requireTun().isOk()) GTEST_SKIP() << requireTun().message();            \
+#define REQUIRE_LAB()                                                                     \
+  do {                                                                                    \
+    if (std::string why = meridian::testing::labUnavailableReason(); !why.empty()) {      \
+      GTEST_SKIP() << why;                                                                \
+    }                                                                                     \
   } while (0)
 
 // Brings the test lab up (time scale as given) and always takes it down again.

@@ -1,0 +1,309 @@
+// meridian-probe: runs on every node of a job (under meridian-lab exec-all, mpirun,
+// torchrun or with MERIDIAN_RANK/WORLD_SIZE/STORE) and prints, on rank 0, the live
+// region-by-region latency matrix per plane, jitter, loss and the congested paths.
+//
+//   meridian-lab exec-all -- build/collectives/meridian-probe --duration 10s
+//
+// Every rank probes every path to every peer (routing/prober.h); each report round the
+// ranks publish their rows through the bootstrap store and rank 0 prints them.
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "collectives/launch_env.h"
+#include "collectives/store.h"
+#include "core/knobs.h"
+#include "core/log.h"
+#include "core/secret.h"
+#include "routing/congestion.h"
+#include "routing/prober.h"
+#include "routing/regions.h"
+
+namespace {
+
+using namespace meridian;
+using namespace meridian::collectives;
+using nlohmann::json;
+
+std::atomic<bool> gStop{false};
+void onSignal(int) { gStop = true; }
+
+std::vector<std::uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}; }
+
+struct RankInfo {
+  std::string region;
+  std::string node;
+  std::vector<std::string> addresses;
+  std::vector<std::string> endpoints;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The report rank 0 prints: per plane, region x region medians over node pairs.
+json buildReport(const std::vector<RankInfo>& ranks, const std::vector<json>& rows,
+                 const routing::RegionAssignment& regions) {
+  std::size_t planes = 0;
+  for (const auto& r : ranks) planes = std::max(planes, r.addresses.size());
+  const std::size_t nr = regions.names.size();
+  json report;
+  report["regions"] = regions.names;
+  report["regions_inferred"] = regions.inferred;
+  report["planes"] = json::array();
+  for (std::size_t p = 0; p < planes; ++p) {
+    std::vector<std::vector<double>> rtt(nr * nr), minRtt(nr * nr), jitter(nr * nr), loss(nr * nr);
+    for (std::size_t src = 0; src < rows.size(); ++src) {
+      for (const auto& row : rows[src]) {
+        if (row.value("path", -1) != static_cast<int>(p) || !row.value("valid", false)) continue;
+        const int dst = row.value("peer", -1);
+        if (dst < 0 || dst >= static_cast<int>(ranks.size())) continue;
+        const std::size_t cell = static_cast<std::size_t>(regions.regionOf[src]) * nr +
+                                 static_cast<std::size_t>(regions.regionOf[static_cast<std::size_t>(dst)]);
+        rtt[cell].push_back(row.value("srtt_ms", 0.0));
+        minRtt[cell].push_back(row.value("min_rtt_ms", 0.0));
+        jitter[cell].push_back(row.value("jitter_ms", 0.0));
+        loss[cell].push_back(row.value("loss", 0.0));
+      }
+    }
+    json plane;
+    plane["index"] = p;
+    plane["rtt_ms"] = json::array();
+    plane["min_rtt_ms"] = json::array();
+    plane["jitter_ms"] = json::array();
+    plane["loss"] = json::array();
+    for (std::size_t c = 0; c < nr * nr; ++c) {
+      double r = median(rtt[c]);
+      plane["rtt_ms"].push_back(std::isnan(r) ? json(nullptr) : json(r));
+      double m = median(minRtt[c]);
+      plane["min_rtt_ms"].push_back(std::isnan(m) ? json(nullptr) : json(m));
+      double j = median(jitter[c]);
+      plane["jitter_ms"].push_back(std::isnan(j) ? json(nullptr) : json(j));
+      double l = loss[c].empty() ? std::nan("") : *std::max_element(loss[c].begin(), loss[c].end());
+      plane["loss"].push_back(std::isnan(l) ? json(nullptr) : json(l));
+    }
+    report["planes"].push_back(plane);
+  }
+  report["congested"] = json::array();
+  for (std::size_t src = 0; src < rows.size(); ++src) {
+    for (const auto& row : rows[src]) {
+      if (!row.value("congested", false)) continue;
+      report["congested"].push_back({{"from", ranks[src].node},
+                                     {"to", ranks[static_cast<std::size_t>(row.value("peer", 0))].node},
+                                     {"path", row.value("path", 0)},
+                                     {"reason", row.value("reason", "")}});
+    }
+  }
+  return report;
+}
+
+void printReport(const json& report, const std::vector<RankInfo>& ranks, double elapsedSec) {
+  const auto& names = report["regions"];
+  const std::size_t nr = names.size();
+  std::printf("\n== t=%.1fs: %zu ranks, regions %s ==\n", elapsedSec, ranks.size(),
+              report.value("regions_inferred", false) ? "(inferred from round trips)" : "(MERIDIAN_REGION)");
+  for (const auto& plane : report["planes"]) {
+    const std::size_t p = plane["index"];
+    std::string example = p < ranks[0].addresses.size() ? ranks[0].addresses[p] : "";
+    std::printf("plane %zu (rank 0: %s): round trip ms [jitter ms] (loss), median over node pairs\n", p,
+                example.c_str());
+    std::printf("  %-12s", "from \\ to");
+    for (const auto& n : names) std::printf(" %-24s", n.get<std::string>().c_str());
+    std::printf("\n");
+    for (std::size_t s = 0; s < nr; ++s) {
+      std::printf("  %-12s", names[s].get<std::string>().c_str());
+      for (std::size_t d = 0; d < nr; ++d) {
+        const auto& r = plane["rtt_ms"][s * nr + d];
+        std::string cell = "-";
+        if (!r.is_null()) {
+          cell = fmt::format("{:.2f} [{:.2f}]", r.get<double>(), plane["jitter_ms"][s * nr + d].get<double>());
+          double loss = plane["loss"][s * nr + d].get<double>();
+          if (loss > 0) cell += fmt::format(" ({:.1f}%)", 100 * loss);
+        }
+        std::printf(" %-24s", cell.c_str());
+      }
+      std::printf("\n");
+    }
+  }
+  if (report["congested"].empty()) {
+    std::printf("congested paths: none\n");
+  } else {
+    std::printf("congested paths:\n");
+    for (const auto& c : report["congested"]) {
+      std::printf("  %s -> %s plane %d: %s\n", c.value("from", "").c_str(), c.value("to", "").c_str(),
+                  c.value("path", 0), c.value("reason", "").c_str());
+    }
+  }
+  std::fflush(stdout);
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"meridian-probe: live latency matrix between the ranks of a job, per plane"};
+  double durationSec = 0, everySec = 2;
+  std::string jsonPath;
+  app.add_option("--duration", durationSec, "Stop after this many seconds (default: until Ctrl-C)");
+  app.add_option("--every", everySec, "Seconds between reports")->check(CLI::PositiveNumber);
+  app.add_option("--json", jsonPath, "Rank 0 also writes the last report here as JSON");
+  CLI11_PARSE(app, argc, argv);
+
+  auto info = detectLaunch();
+  if (!info.isOk()) throw std::runtime_error(info.status().message());
+  log::setRank(info->rank);
+  const std::string secret = loadJobSecret();
+  const auto timeout = std::chrono::milliseconds(knobInt(knobs::kTimeoutMs, 1, 1 << 30));
+  std::unique_ptr<StoreServer> server;
+  auto store = rendezvous(info.value(), secret, Clock::now() + timeout, &server);
+  if (!store.isOk()) throw std::runtime_error(store.status().message());
+  Store& st = *store.value();
+  const int rank = info->rank, world = info->worldSize;
+
+  // One session id for the job: probes of another job on the same network are refused.
+  std::uint64_t session = 0;
+  if (rank == 0) {
+    randomBytes(std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(&session), sizeof(session)));
+    auto s = st.set("probe/session", bytesOf(std::to_string(session)));
+    if (!s.isOk()) throw std::runtime_error(s.message());
+  }
+  auto sessionBytes = st.get("probe/session", Clock::now() + timeout);
+  if (!sessionBytes.isOk()) throw std::runtime_error(sessionBytes.status().message());
+  session = std::stoull(std::string(sessionBytes->begin(), sessionBytes->end()));
+
+  routing::ProberOptions po;
+  po.localAddresses = localPathAddresses(info.value());
+  po.interval = std::chrono::milliseconds(knobInt(knobs::kProbeIntervalMs, 1, 60'000));
+  po.secret = secret;
+  po.sessionId = session;
+  po.selfRank = rank;
+  auto prober = routing::Prober::create(po);
+  if (!prober.isOk()) throw std::runtime_error(prober.status().message());
+
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  const char* labNode = std::getenv("MERIDIAN_LAB_NODE");
+  json mine{{"region", knobString(knobs::kRegion)},
+            {"node", labNode != nullptr ? std::string(labNode) : fmt::format("{}/{}", host, rank)},
+            {"addresses", po.localAddresses},
+            {"endpoints", prober.value()->endpoints()}};
+  auto all = storeAllGather(st, "probe/hello", rank, world, bytesOf(mine.dump()), Clock::now() + timeout);
+  if (!all.isOk()) throw std::runtime_error(all.status().message());
+  std::vector<RankInfo> ranks;
+  for (int r = 0; r < world; ++r) {
+    auto j = json::parse(std::string(all.value()[r].begin(), all.value()[r].end()), nullptr, false);
+    if (j.is_discarded()) throw std::runtime_error(fmt::format("rank {} published a malformed hello", r));
+    ranks.push_back({j.value("region", ""), j.value("node", ""), j.value("addresses", std::vector<std::string>{}),
+                     j.value("endpoints", std::vector<std::string>{})});
+    if (r != rank) {
+      Status s = prober.value()->setPeer(r, ranks.back().endpoints);
+      if (!s.isOk()) throw std::runtime_error(s.message());
+    }
+  }
+
+  ::signal(SIGINT, onSignal);
+  ::signal(SIGTERM, onSignal);
+  std::map<std::pair<int, int>, routing::CongestionDetector> detectors;
+  const auto start = std::chrono::steady_clock::now();
+  json lastReport;
+  for (int round = 0;; ++round) {
+    // Every rank decides the same way when to stop: by the round count.
+    const bool last = durationSec > 0 && (round + 1) * everySec >= durationSec;
+    std::this_thread::sleep_until(start + std::chrono::milliseconds(static_cast<long>((round + 1) * everySec * 1000)));
+    const std::int64_t now = nowUs();
+    json rows = json::array();
+    for (const auto& row : prober.value()->snapshot()) {
+      auto& det = detectors[{row.peer, row.path}];
+      routing::CongestionSample sample;
+      sample.nowUs = now;
+      sample.figures = row.figures;
+      if (row.figures.valid) det.update(sample);
+      const bool congested = det.state() == routing::CongestionState::kCongested;
+      rows.push_back({{"peer", row.peer},
+                      {"path", row.path},
+                      {"valid", row.figures.valid},
+                      {"srtt_ms", row.figures.srttUs / 1000},
+                      {"min_rtt_ms", row.figures.minRttUs / 1000},
+                      {"jitter_ms", row.figures.jitterUs / 1000},
+                      {"loss", row.figures.loss},
+                      {"congested", congested},
+                      {"reason", congested ? det.reason() : std::string()}});
+    }
+    // A stop request on rank 0 (Ctrl-C) ends everyone at the next round.
+    json msg{{"rows", rows}, {"stop", gStop.load() || last}};
+    auto gathered = storeAllGather(st, fmt::format("probe/round{}", round), rank, world, bytesOf(msg.dump()),
+                                   Clock::now() + timeout);
+    if (!gathered.isOk()) throw std::runtime_error(gathered.status().message());
+    std::vector<json> allRows;
+    bool stop = false;
+    for (const auto& blob : gathered.value()) {
+      auto j = json::parse(std::string(blob.begin(), blob.end()), nullptr, false);
+      allRows.push_back(j.is_discarded() ? json::array() : j.value("rows", json::array()));
+      stop = stop || (!j.is_discarded() && j.value("stop", false));
+    }
+    if (rank == 0) {
+      std::vector<std::string> names;
+      for (const auto& r : ranks) names.push_back(r.region);
+      auto regions = routing::regionsFromNames(names);
+      if (!regions.isOk()) {
+        // No names: cluster the measured round trips (plane 0).
+        std::vector<double> rtt(static_cast<std::size_t>(world * world), -1.0);
+        for (int s = 0; s < world; ++s) {
+          rtt[static_cast<std::size_t>(s * world + s)] = 0;
+          for (const auto& row : allRows[static_cast<std::size_t>(s)]) {
+            if (row.value("path", -1) == 0 && row.value("valid", false)) {
+              rtt[static_cast<std::size_t>(s * world + row.value("peer", 0))] = row.value("min_rtt_ms", 0.0) * 1000;
+            }
+          }
+        }
+        regions = routing::inferRegions(rtt, world);
+      }
+      if (regions.isOk()) {
+        lastReport = buildReport(ranks, allRows, regions.value());
+        printReport(lastReport, ranks, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      } else {
+        std::printf("regions unknown yet: %s\n", regions.status().message().c_str());
+      }
+    }
+    if (stop) break;
+  }
+  if (rank == 0 && !jsonPath.empty() && !lastReport.is_null()) {
+    std::FILE* f = std::fopen(jsonPath.c_str(), "w");
+    if (f == nullptr) throw std::runtime_error(fmt::format("cannot write {}", jsonPath));
+    std::fputs(lastReport.dump(2).c_str(), f);
+    std::fclose(f);
+  }
+  // Rank 0 hosts the store, so it leaves last: once every other rank has said it is done
+  // with the store.
+  if (rank != 0) {
+    Status s = st.set(fmt::format("probe/done/{}", rank), bytesOf("1"));
+    if (!s.isOk()) throw std::runtime_error(s.message());
+    return 0;
+  }
+  std::vector<std::string> done;
+  for (int r = 1; r < world; ++r) done.push_back(fmt::format("probe/done/{}", r));
+  Status s = done.empty() ? Status::ok() : st.wait(done, Clock::now() + timeout);
+  if (!s.isOk()) throw std::runtime_error(s.message());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "meridian-probe: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,48 @@
+#include "tests/common/lab_session.h"
+
+#include <sys/wait.h>
+
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "lab/netns.h"
+
+namespace meridian::testing {
+
+CommandResult runShell(const std::string& command) {
+  CommandResult r;
+  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  while (std::size_t n = std::fread(buf, 1, sizeof(buf), p)) r.output.append(buf, n);
+  int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+std::string labCommand(const std::string& name, const std::string& args) {
+  return fmt::format("{} --lab {} {}", MERIDIAN_LAB_BIN, name, args);
+}
+
+std::string labUnavailableReason() {
+  if (Status s = lab::requireRoot(); !s.isOk()) return s.message();
+  if (Status s = lab::requireTun(); !s.isOk()) return s.message();
+  return {};
+}
+
+LabSession::LabSession(std::string name, std::string topologyFile, std::string upArgs)
+    : name_(std::move(name)), topology_(std::move(topologyFile)), upArgs_(std::move(upArgs)) {}
+
+CommandResult LabSession::up() {
+  runShell(labCommand(name_, "down"));  // what a crashed earlier run left
+  CommandResult r = runShell(labCommand(name_, "up " + topology_ + " " + upArgs_));
+  isUp_ = r.code == 0;
+  return r;
+}
+
+LabSession::~LabSession() {
+  if (isUp_) runShell(labCommand(name_, "down"));
+}
+
+}  // namespace meridian::testing

@@ -1,0 +1,42 @@
+// Helpers for tests that drive a real meridian-lab (label `lab`): run a shell command and
+// capture its output, and a lab brought up under a test-only name that is always taken
+// down again.
+#pragma once
+
+#include <string>
+
+namespace meridian::testing {
+
+struct CommandResult {
+  int code = -1;
+  std::string output;  // stdout and stderr
+};
+
+// Runs `command` with /bin/sh, stderr merged into the output.
+CommandResult runShell(const std::string& command);
+
+// "<meridian-lab> --lab <name> <args>", ready for runShell.
+std::string labCommand(const std::string& name, const std::string& args);
+
+// The reason the lab cannot run here (not root, no /dev/net/tun), or empty.
+std::string labUnavailableReason();
+
+// Brings a lab up from `topologyFile` (extra `up` arguments allowed) and takes it down on
+// destruction; `up()` reports failure with the tool's output.
+class LabSession {
+ public:
+  LabSession(std::string name, std::string topologyFile, std::string upArgs = "");
+  ~LabSession();
+  LabSession(const LabSession&) = delete;
+  LabSession& operator=(const LabSession&) = delete;
+
+  CommandResult up();
+  CommandResult run(const std::string& args) const { return runShell(labCommand(name_, args)); }
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_, topology_, upArgs_;
+  bool isUp_ = false;
+};
+
+}  // namespace meridian::testing
