@@ -16,6 +16,8 @@
 #include <string_view>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
 #include "collectives/launch_env.h"
 #include "core/check.h"
 #include "core/fd.h"
@@ -113,7 +115,13 @@ Result<std::unique_ptr<Communicator>> Communicator::create(Store& store, int ran
 
   std::unique_ptr<Communicator> comm(new Communicator(rank, worldSize, opts));
 
+  const std::string routingMode = opts.routing.empty() ? knobString(knobs::kRouting) : opts.routing;
+  if (routingMode != "adaptive" && routingMode != "static") {
+    return invalidArgument("MERIDIAN_ROUTING must be adaptive or static, not '{}'", routingMode);
+  }
+  comm->adaptive_ = routingMode == "adaptive";
   transport::tcp::DeviceOptions dev;
+  dev.adaptive = comm->adaptive_;
   dev.localAddresses = opts.localAddresses;
   dev.streamsPerPath = opts.streamsPerPath;
   dev.secret = opts.secret;
@@ -165,6 +173,7 @@ Result<std::unique_ptr<Communicator>> Communicator::create(Store& store, int ran
   for (int peer = rank + 1; peer < worldSize; ++peer) MERIDIAN_RETURN_IF_ERROR(open(peer, true));
   for (int peer = 0; peer < rank; ++peer) MERIDIAN_RETURN_IF_ERROR(open(peer, false));
 
+  MERIDIAN_RETURN_IF_ERROR(comm->startRouting(store, base, opts, deadline));
   comm->worker_ = std::thread([c = comm.get()] { c->workerLoop(); });
   MLOG_INFO(kCollectives, "communicator up: rank {} of {}, session {:016x}, paths {}", rank, worldSize,
             comm->sessionId_, mine);
@@ -204,7 +213,66 @@ Communicator::~Communicator() {
   abortTransport(commError("communicator destroyed"));
 }
 
+Status Communicator::startRouting(Store& store, const std::string& base, const CommOptions& opts, TimePoint deadline) {
+  const std::string region = opts.region.empty() ? knobString(knobs::kRegion) : opts.region;
+  std::vector<std::string> endpoints;
+  if (opts.probe && size_ > 1) {
+    routing::ProberOptions po;
+    po.localAddresses = opts.localAddresses;
+    for (auto& a : po.localAddresses) a = a.substr(0, a.find(':'));  // "ip:port" picks the data port only
+    po.interval = opts.probeInterval.count() > 0
+                      ? opts.probeInterval
+                      : std::chrono::milliseconds(knobInt(knobs::kProbeIntervalMs, 1, 60'000));
+    po.secret = opts.secret.empty() ? loadJobSecret() : opts.secret;
+    po.sessionId = sessionId_;
+    po.selfRank = rank_;
+    po.name = std::to_string(rank_);
+    // The channels outlive the monitor (it is reset first on abort), so it may use them.
+    std::vector<transport::ChannelPtr> channels = channels_;
+    MERIDIAN_ASSIGN_OR_RETURN(monitor_, routing::PathMonitor::create(po, adaptive_,
+                                                                    [channels](int peer, const std::vector<double>& w) {
+                                                                      const auto& ch = channels[static_cast<std::size_t>(peer)];
+                                                                      if (ch) ch->setPathWeights(w);
+                                                                    }));
+    endpoints = monitor_->endpoints();
+  }
+  nlohmann::json mine{{"region", region}, {"probe", endpoints}};
+  const std::string text = mine.dump();
+  MERIDIAN_ASSIGN_OR_RETURN(
+      auto blobs, storeAllGather(store, base + "/routing", rank_, size_,
+                                 std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(text.data()),
+                                                               text.size()),
+                                 deadline));
+  regionNames_.assign(static_cast<std::size_t>(size_), "");
+  for (int r = 0; r < size_; ++r) {
+    const auto& blob = blobs[static_cast<std::size_t>(r)];
+    auto j = nlohmann::json::parse(std::string(blob.begin(), blob.end()), nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return peerError("rank {} published malformed routing data", r);
+    regionNames_[static_cast<std::size_t>(r)] = j.value("region", "");
+    const auto peerEndpoints = j.value("probe", std::vector<std::string>{});
+    if (monitor_ && r != rank_ && !peerEndpoints.empty()) MERIDIAN_RETURN_IF_ERROR(monitor_->setPeer(r, peerEndpoints));
+  }
+  return Status::ok();
+}
+
+std::vector<routing::PathView> Communicator::paths() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return monitor_ ? monitor_->paths() : std::vector<routing::PathView>{};
+}
+
+std::vector<routing::PathEvent> Communicator::pathEvents() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return monitor_ ? monitor_->events() : std::vector<routing::PathEvent>{};
+}
+
 void Communicator::abortTransport(const Status& why) {
+  {
+    std::unique_ptr<routing::PathMonitor> monitor;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      monitor = std::move(monitor_);
+    }
+  }  // joined here, outside mu_
   device_.reset();  // joins the progress thread: nothing touches a buffer after this
   channels_.assign(channels_.size(), nullptr);
   for (auto& req : opRequests_.takeUnfinished()) req->complete(why, 0);

@@ -39,6 +39,7 @@
 #include "core/clock.h"
 #include "core/status.h"
 #include "kernels/types.h"
+#include "routing/path_monitor.h"
 #include "transport/channel.h"
 
 namespace meridian::transport::tcp {
@@ -59,6 +60,13 @@ struct CommOptions {
   // Store keys of this communicator live under this prefix; communicators created in the
   // same order on every rank may share a store and a prefix.
   std::string storePrefix = "meridian/comm";
+  // Routing: "adaptive" or "static" (empty: MERIDIAN_ROUTING). Static stripes chunks evenly
+  // over the live paths and never re-weights them; adaptive follows measured rates and
+  // congestion. Probing runs in both (the figures are wanted either way) unless probe=false.
+  std::string routing;
+  bool probe = true;
+  std::chrono::milliseconds probeInterval{0};  // 0: MERIDIAN_PROBE_INTERVAL_MS
+  std::string region;                          // empty: MERIDIAN_REGION (may stay empty)
 };
 
 class Communicator {
@@ -84,6 +92,14 @@ class Communicator {
   std::uint64_t sessionId() const { return sessionId_; }
   // ok while usable; the reason once broken.
   Status health() const;
+  // Routing's view: every path to every peer (figures, congestion state, weight); empty
+  // without probing or after the communicator broke.
+  std::vector<routing::PathView> paths() const;
+  // Congestion changes seen so far.
+  std::vector<routing::PathEvent> pathEvents() const;
+  // Each rank's region as its MERIDIAN_REGION names it ("" where unnamed).
+  const std::vector<std::string>& regionNames() const { return regionNames_; }
+  bool adaptiveRouting() const { return adaptive_; }
 
   // recv[i] = op over ranks of send[i]; send == recv is in place.
   Status allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op);
@@ -147,6 +163,8 @@ class Communicator {
   // peers see the failure at once) and completes every request still pending with `why`.
   void abortTransport(const Status& why);
   Status brokenStatus() const;
+  // Starts the path monitor (probes, congestion, weights) and learns every rank's region.
+  Status startRouting(Store& store, const std::string& base, const CommOptions& opts, TimePoint deadline);
 
   static std::size_t bytesOf(std::size_t count, DataType dtype) { return count * kernels::dataTypeSize(dtype); }
   Status checkPeer(int peer) const;
@@ -175,6 +193,10 @@ class Communicator {
   ScratchArena scratch_;  // declared before the device: freed after every channel closed
   std::unique_ptr<transport::tcp::TcpDevice> device_;
   std::vector<transport::ChannelPtr> channels_;  // [rank]; [rank_] is null; cleared on abort
+  // After the channels: it hands them weights from its own thread, so it goes first.
+  std::unique_ptr<routing::PathMonitor> monitor_;
+  std::vector<std::string> regionNames_;
+  bool adaptive_ = true;
   // Touched only by the thread executing an op (or the destructor after the worker quit).
   RequestTracker opRequests_;                    // the current op's requests
   std::vector<transport::RequestPtr> deferred_;  // async send/recv requests still pending

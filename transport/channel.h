@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@ struct PathStats {
   std::uint64_t chunksResent = 0;
   std::uint64_t bytesReceived = 0;
   double rateBytesPerSec = 0;
+  double weight = 1.0;  // routing's preference (setPathWeights)
 };
 
 class Channel {
@@ -45,6 +47,9 @@ class Channel {
 
   virtual int peerRank() const = 0;
   virtual std::vector<PathStats> pathStats() const = 0;
+  // Routing's preference per path (index as in pathStats; > 0, 1 = neutral, larger takes
+  // more). Thread-safe; extra entries are ignored, missing ones stay as they are.
+  virtual void setPathWeights(std::span<const double> weights) = 0;
   // The channel's sticky error (ok while usable).
   virtual Status health() const = 0;
 };

@@ -383,6 +383,52 @@ TEST_F(CollectivesTest, StripesOverTwoPathsPerPeer) {
             "");
 }
 
+TEST_F(CollectivesTest, ProbesEveryPathToEveryPeerAndKnowsTheRegions) {
+  CommOptions opts;
+  opts.localAddresses = {"127.0.0.1", "127.0.0.2"};
+  opts.probeInterval = std::chrono::milliseconds(10);
+  opts.region = "east";
+  auto h = RankHarness::start(3, opts);
+  ASSERT_TRUE(h.isOk()) << h.status().toString();
+  EXPECT_EQ(RankHarness::summarize(h.value()->run([](int rank, collectives::Communicator& c) -> std::string {
+              if (!c.adaptiveRouting()) return "adaptive routing is the default";
+              if (c.regionNames() != std::vector<std::string>(3, "east")) return "regions not exchanged";
+              std::vector<routing::PathView> paths;
+              for (int i = 0; i < 300; ++i) {
+                paths = c.paths();
+                bool all = paths.size() == 4;
+                for (const auto& p : paths) all = all && p.figures.valid;
+                if (all) break;
+                std::this_thread::sleep_for(std::chrono::milliseconds(10));
+              }
+              if (paths.size() != 4) return fmt::format("{} paths seen, not 2 peers x 2", paths.size());
+              for (const auto& p : paths) {
+                if (p.peer == rank) return "probes its own rank";
+                if (!p.figures.valid) return fmt::format("no echo on path {} to rank {}", p.path, p.peer);
+                if (p.state != routing::CongestionState::kClear) return "congested on loopback: " + p.reason;
+              }
+              // Routing runs beside the data path, which keeps working.
+              return checkAllreduce(c, 4096, DataType::kF32, ReduceOp::kSum, false);
+            })),
+            "");
+}
+
+TEST_F(CollectivesTest, RoutingModeIsStaticOrAdaptive) {
+  CommOptions opts;
+  opts.routing = "static";
+  auto h = RankHarness::start(2, opts);
+  ASSERT_TRUE(h.isOk()) << h.status().toString();
+  EXPECT_EQ(RankHarness::summarize(h.value()->run([](int, collectives::Communicator& c) -> std::string {
+              if (c.adaptiveRouting()) return "static asked for";
+              return checkAllreduce(c, 100000, DataType::kF32, ReduceOp::kSum, false);
+            })),
+            "");
+  opts.routing = "clever";
+  auto bad = RankHarness::start(2, opts);
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("MERIDIAN_ROUTING"), std::string::npos) << bad.status().toString();
+}
+
 TEST_F(CollectivesTest, RecordsLatencyAndBytesPerOp) {
   auto countOf = [](const std::string& family, const std::string& op) {
     double total = 0;

@@ -23,9 +23,10 @@ struct Pair {
 };
 
 // Two devices with `paths` loopback paths each (127.0.0.1, 127.0.0.2, ...).
-Pair connect(int paths, int streams, std::size_t chunkBytes = 0, int stallMs = 0) {
+Pair connect(int paths, int streams, std::size_t chunkBytes = 0, int stallMs = 0, bool adaptive = true) {
   Pair p;
   DeviceOptions o;
+  o.adaptive = adaptive;
   o.localAddresses.clear();
   for (int i = 0; i < paths; ++i) o.localAddresses.push_back("127.0.0." + std::to_string(i + 1));
   o.streamsPerPath = streams;
@@ -135,6 +136,49 @@ TEST(TcpChannelTest, BuffersMessagesThatArriveBeforeTheirReceive) {
   // A receive posted first is written in place: nothing more is buffered.
   sendRecv(p, 100000, 10);
   EXPECT_EQ(unexpected.value() - before, data.size());
+}
+
+// Bytes each path of `ch` has sent since `before`.
+std::vector<double> sentShares(const ChannelPtr& ch, const std::vector<PathStats>& before) {
+  auto after = ch->pathStats();
+  std::vector<double> sent;
+  double total = 0;
+  for (std::size_t i = 0; i < after.size(); ++i) {
+    sent.push_back(static_cast<double>(after[i].bytesSent - before[i].bytesSent));
+    total += sent.back();
+  }
+  for (auto& x : sent) x /= total > 0 ? total : 1;
+  return sent;
+}
+
+TEST(TcpChannelTest, RoutingWeightsShiftChunksBetweenPaths) {
+  Pair p = connect(2, 1, 256 * 1024);
+  sendRecv(p, 8 << 20, 1);  // warm up: both paths have measured rates
+  const double weights[] = {1.0, 0.05};
+  p.ab->setPathWeights(weights);
+  auto stats = p.ab->pathStats();
+  EXPECT_DOUBLE_EQ(stats[1].weight, 0.05);
+  sendRecv(p, 32 << 20, 2);
+  auto shares = sentShares(p.ab, stats);
+  EXPECT_LT(shares[1], 0.2) << "the down-weighted path still took " << shares[1];
+  // Back to neutral: both paths carry again.
+  const double neutral[] = {1.0, 1.0};
+  p.ab->setPathWeights(neutral);
+  stats = p.ab->pathStats();
+  sendRecv(p, 32 << 20, 3);
+  shares = sentShares(p.ab, stats);
+  EXPECT_GT(shares[1], 0.2);
+}
+
+TEST(TcpChannelTest, StaticStripingIgnoresWeightsAndSplitsEvenly) {
+  Pair p = connect(2, 1, 256 * 1024, 0, /*adaptive=*/false);
+  const double weights[] = {1.0, 0.05};
+  p.ab->setPathWeights(weights);
+  auto stats = p.ab->pathStats();
+  sendRecv(p, 32 << 20, 1);
+  auto shares = sentShares(p.ab, stats);
+  EXPECT_GT(shares[1], 0.35);
+  EXPECT_LT(shares[1], 0.65);
 }
 
 TEST(TcpChannelTest, ReceiveSmallerThanMessageIsAnInvalidArgument) {

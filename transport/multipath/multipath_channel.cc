@@ -65,6 +65,9 @@ struct MultipathChannel::PathState {
   RateEstimator rate;
   std::int64_t lastProgressUs = 0;  // last ack, or when the path became busy
   std::atomic<double> rateBytesPerSec{0};
+  std::atomic<double> weight{1.0};
+  std::atomic<bool> rerate{false};  // routing raised the weight: restart the rate estimate
+  std::int64_t lastAssignUs = 0;    // when the path last got a chunk (exploration)
   Counter* bytesSent;
   Counter* chunksSent;
   Counter* chunksResent;
@@ -76,6 +79,8 @@ struct MultipathChannel::PathState {
 namespace {
 const std::uint8_t kZeros[64 * 1024] = {};
 constexpr std::size_t kMaxTagMemo = 4096;  // tags remembered per direction (see isend)
+constexpr double kStaticRateBytesPerSec = 1e9;
+constexpr double kMinPathWeight = 1e-3;  // any equal value: static striping ignores rates
 }  // namespace
 
 MultipathChannel::MultipathChannel(int peerRank, std::vector<PathEndpoints> paths, MultipathConfig config,
@@ -239,9 +244,20 @@ std::vector<PathStats> MultipathChannel::pathStats() const {
     s.chunksResent = p->chunksResent->value();
     s.bytesReceived = p->bytesReceived->value();
     s.rateBytesPerSec = p->rateBytesPerSec.load(std::memory_order_relaxed);
+    s.weight = p->weight.load(std::memory_order_relaxed);
     out.push_back(std::move(s));
   }
   return out;
+}
+
+void MultipathChannel::setPathWeights(std::span<const double> weights) {
+  for (std::size_t i = 0; i < weights.size() && i < paths_.size(); ++i) {
+    // A weight of zero or below would make a live path unusable: routing only ever prefers.
+    const double w = weights[i] > kMinPathWeight ? weights[i] : kMinPathWeight;
+    // A path routing trusts more again starts from an optimistic rate: the estimate it has
+    // was measured while it was avoided (few samples, or congested ones).
+    if (w > paths_[i]->weight.exchange(w, std::memory_order_relaxed)) paths_[i]->rerate.store(true);
+  }
 }
 
 Status MultipathChannel::health() const {
@@ -287,10 +303,23 @@ void MultipathChannel::schedule(std::int64_t nowUs) {
   std::vector<PathLoad>& loads = loads_;  // reused: no allocation on the data path
   loads.resize(paths_.size());
   bool anyUsable = false;
+  if (config_.adaptive) {
+    double best = 0;
+    for (const auto& p : paths_) best = std::max(best, p->rate.bytesPerSec());
+    for (auto& p : paths_) {
+      if (p->rerate.exchange(false, std::memory_order_relaxed)) p->rate.reset(std::max(best, p->rate.bytesPerSec()));
+    }
+  }
   for (std::size_t i = 0; i < paths_.size(); ++i) {
     const PathState& p = *paths_[i];
+    // Static striping sees every path alike; adaptive scheduling, the measured rate and
+    // routing's weight.
     loads[i] = PathLoad{p.alive.load(std::memory_order_relaxed) && !p.stalled.load(std::memory_order_relaxed),
-                        p.unackedBytes, config_.pathWindowBytes, p.rate.bytesPerSec(), 0.0, 1.0};
+                        p.unackedBytes,
+                        config_.pathWindowBytes,
+                        config_.adaptive ? p.rate.bytesPerSec() : kStaticRateBytesPerSec,
+                        0.0,
+                        config_.adaptive ? p.weight.load(std::memory_order_relaxed) : 1.0};
     anyUsable = anyUsable || loads[i].usable;
   }
   if (!anyUsable) {

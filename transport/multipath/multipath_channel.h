@@ -42,6 +42,9 @@ struct MultipathConfig {
   std::int64_t pathStallUs = 3'000'000;
   std::uint64_t maxUnexpectedBytes = 1ull << 30;
   std::string deviceName = "0";                    // metrics label
+  // false (MERIDIAN_ROUTING=static): chunks are spread evenly over the live paths, whatever
+  // their measured rates and weights, as a fixed striping would.
+  bool adaptive = true;
 };
 
 struct PathEndpoints {
@@ -93,6 +96,7 @@ class MultipathChannel : public Channel, public std::enable_shared_from_this<Mul
   Result<RequestPtr> irecv(void* data, std::size_t capacityBytes, std::uint64_t tag) override;
   int peerRank() const override { return peerRank_; }
   std::vector<PathStats> pathStats() const override;
+  void setPathWeights(std::span<const double> weights) override;
   Status health() const override;
 
   // ---- progress thread only ----

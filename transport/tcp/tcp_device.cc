@@ -208,6 +208,7 @@ MultipathConfig TcpDevice::Impl::channelConfig() const {
   c.maxUnexpectedBytes = maxUnexpectedBytes;
   c.pathWindowBytes = std::max<std::uint64_t>(16u << 20, 4ull * options.chunkBytes);
   c.deviceName = options.name;
+  c.adaptive = options.adaptive;
   return c;
 }
 

@@ -29,6 +29,7 @@ struct DeviceOptions {
   int pathStallMs = 0;             // 0: MERIDIAN_PATH_STALL_MS
   std::string secret;              // empty: loadJobSecret()
   std::string name = "0";          // progress thread name suffix and metrics label
+  bool adaptive = true;            // false: static striping (MultipathConfig::adaptive)
 };
 
 // How to open a channel: the lower rank initiates; the other side waits for its streams.

@@ -1,0 +1,164 @@
+#include "routing/path_monitor.h"
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "core/clock.h"
+#include "core/log.h"
+#include "core/metrics.h"
+
+namespace meridian::routing {
+
+namespace {
+constexpr std::size_t kMaxEvents = 1000;
+}  // namespace
+
+std::vector<double> weightsFor(const std::vector<CongestionState>& states) {
+  std::vector<double> w(states.size(), 1.0);
+  bool anyClear = false;
+  for (auto s : states) anyClear = anyClear || s == CongestionState::kClear;
+  if (!anyClear) return w;
+  for (std::size_t i = 0; i < states.size(); ++i) {
+    if (states[i] == CongestionState::kCongested) w[i] = kCongestedPathWeight;
+  }
+  return w;
+}
+
+struct PathMonitor::Impl {
+  struct Tracked {
+    CongestionDetector detector;
+    Gauge* congested = nullptr;
+    Gauge* weight = nullptr;
+  };
+  std::unique_ptr<Prober> prober;
+  bool adaptive = true;
+  ApplyWeights apply;
+  CongestionConfig config;
+  std::chrono::milliseconds interval{100};
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;
+  std::map<std::pair<int, int>, Tracked> tracked;
+  std::map<int, std::vector<double>> applied;  // peer -> weights last handed out
+  std::deque<PathEvent> events;
+  Counter* transitions = nullptr;
+  std::thread thread;
+
+  void tick() {
+    const std::int64_t now = nowUs();
+    std::map<int, std::vector<CongestionState>> states;
+    std::vector<std::pair<int, std::vector<double>>> changed;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (const auto& row : prober->snapshot()) {
+        auto [it, fresh] = tracked.try_emplace({row.peer, row.path}, Tracked{CongestionDetector(config)});
+        Tracked& t = it->second;
+        if (fresh) {
+          MetricLabels labels{{"peer", std::to_string(row.peer)}, {"path", std::to_string(row.path)}};
+          t.congested = &MetricsRegistry::global().gauge("meridian_routing_path_congested",
+                                                         "1 while a path is judged congested", labels);
+          t.weight = &MetricsRegistry::global().gauge("meridian_routing_path_weight",
+                                                      "Multipath weight routing gives a path (1 = neutral)", labels);
+          t.weight->set(1);
+        }
+        if (row.figures.sent > 0 && t.detector.update(CongestionSample{now, row.figures, 0})) {
+          const bool congested = t.detector.state() == CongestionState::kCongested;
+          t.congested->set(congested ? 1 : 0);
+          transitions->add();
+          MLOG_WARN(kRouting, "path {} to rank {} is {}: {}", row.path, row.peer, congested ? "congested" : "clear again",
+                    t.detector.reason());
+          events.push_back({now, row.peer, row.path, t.detector.state(), t.detector.reason()});
+          if (events.size() > kMaxEvents) events.pop_front();
+        }
+        auto& s = states[row.peer];
+        if (s.size() <= static_cast<std::size_t>(row.path)) s.resize(static_cast<std::size_t>(row.path) + 1);
+        s[static_cast<std::size_t>(row.path)] = t.detector.state();
+      }
+      if (!adaptive) return;
+      for (const auto& [peer, s] : states) {
+        std::vector<double> w = weightsFor(s);
+        auto& last = applied[peer];
+        if (last == w) continue;
+        last = w;
+        for (std::size_t p = 0; p < w.size(); ++p) tracked[{peer, static_cast<int>(p)}].weight->set(w[p]);
+        changed.emplace_back(peer, std::move(w));
+      }
+    }
+    for (const auto& [peer, w] : changed) apply(peer, w);  // outside the lock: the callee may take its own
+  }
+
+  void run() {
+    std::unique_lock<std::mutex> lock(mu);
+    while (!stop) {
+      cv.wait_for(lock, interval);
+      if (stop) break;
+      lock.unlock();
+      tick();
+      lock.lock();
+    }
+  }
+};
+
+PathMonitor::PathMonitor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Result<std::unique_ptr<PathMonitor>> PathMonitor::create(ProberOptions probe, bool adaptive, ApplyWeights apply,
+                                                         CongestionConfig congestion) {
+  auto impl = std::make_unique<Impl>();
+  impl->interval = probe.interval;
+  MERIDIAN_ASSIGN_OR_RETURN(impl->prober, Prober::create(std::move(probe)));
+  impl->adaptive = adaptive;
+  impl->apply = apply ? std::move(apply) : [](int, const std::vector<double>&) {};
+  impl->config = congestion;
+  impl->transitions = &MetricsRegistry::global().counter("meridian_routing_congestion_changes_total",
+                                                         "Times a path became congested or clear again");
+  Impl* raw = impl.get();
+  impl->thread = std::thread([raw] { raw->run(); });
+  return std::unique_ptr<PathMonitor>(new PathMonitor(std::move(impl)));
+}
+
+PathMonitor::~PathMonitor() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->cv.notify_all();
+  impl_->thread.join();
+}
+
+std::vector<std::string> PathMonitor::endpoints() const { return impl_->prober->endpoints(); }
+
+Status PathMonitor::setPeer(int rank, const std::vector<std::string>& endpoints) {
+  return impl_->prober->setPeer(rank, endpoints);
+}
+
+bool PathMonitor::adaptive() const { return impl_->adaptive; }
+
+std::vector<PathView> PathMonitor::paths() const {
+  auto rows = impl_->prober->snapshot();
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<PathView> out;
+  for (const auto& row : rows) {
+    PathView v{row.peer, row.path, row.figures, CongestionState::kClear, {}, 1.0};
+    auto it = impl_->tracked.find({row.peer, row.path});
+    if (it != impl_->tracked.end()) {
+      v.state = it->second.detector.state();
+      v.reason = it->second.detector.reason();
+    }
+    auto w = impl_->applied.find(row.peer);
+    if (w != impl_->applied.end() && static_cast<std::size_t>(row.path) < w->second.size()) {
+      v.weight = w->second[static_cast<std::size_t>(row.path)];
+    }
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+std::vector<PathEvent> PathMonitor::events() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return {impl_->events.begin(), impl_->events.end()};
+}
+
+}  // namespace meridian::routing

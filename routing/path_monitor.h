@@ -1,0 +1,68 @@
+// PathMonitor: the routing layer's view of every path to every peer. It owns the prober,
+// runs a congestion detector per (peer, path) on each probe round, and turns the states
+// into multipath weights: a congested path keeps a small weight (it still carries chunks,
+// so its recovery is seen in delivered rates too), the others share the traffic. The
+// weights go to the caller through `apply` (the communicator hands them to its channels);
+// with adaptive off they stay neutral and only the figures are kept.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "routing/congestion.h"
+#include "routing/prober.h"
+
+namespace meridian::routing {
+
+// Weight of a congested path next to clear ones (1.0): small, not zero.
+inline constexpr double kCongestedPathWeight = 0.1;
+
+struct PathView {
+  int peer = 0;
+  int path = 0;
+  PathFigures figures;
+  CongestionState state = CongestionState::kClear;
+  std::string reason;
+  double weight = 1.0;
+};
+
+struct PathEvent {
+  std::int64_t atUs = 0;
+  int peer = 0;
+  int path = 0;
+  CongestionState state = CongestionState::kClear;
+  std::string reason;
+};
+
+// Weights for one peer's paths from their states: congested ones get
+// kCongestedPathWeight, unless every path is congested (then all stay 1: nothing to move to).
+std::vector<double> weightsFor(const std::vector<CongestionState>& states);
+
+class PathMonitor {
+ public:
+  using ApplyWeights = std::function<void(int peer, const std::vector<double>& weights)>;
+
+  // `apply` is called from the monitor's thread whenever a peer's weights change.
+  static Result<std::unique_ptr<PathMonitor>> create(ProberOptions probe, bool adaptive, ApplyWeights apply,
+                                                     CongestionConfig congestion = {});
+  ~PathMonitor();
+  PathMonitor(const PathMonitor&) = delete;
+  PathMonitor& operator=(const PathMonitor&) = delete;
+
+  std::vector<std::string> endpoints() const;
+  Status setPeer(int rank, const std::vector<std::string>& endpoints);
+  std::vector<PathView> paths() const;
+  // Congestion state changes so far (the last 1000).
+  std::vector<PathEvent> events() const;
+  bool adaptive() const;
+
+ private:
+  struct Impl;
+  explicit PathMonitor(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace meridian::routing
