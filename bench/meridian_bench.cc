@@ -1,12 +1,14 @@
 // meridian-bench: nccl-tests-style tables for every collective over a size sweep, run
 // as N local ranks it launches itself (--ranks N) or as one rank of a job started by
 // mpirun, Slurm, torchrun or meridian-lab (rank and store from the environment).
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <numeric>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_ops.h"
@@ -33,7 +35,124 @@ struct Args {
   bool check = true;
   std::string jsonPath;
   bool transportStats = false;
+  double durationSec = 0;   // > 0: timeline mode
+  double intervalSec = 1.0;
 };
+
+constexpr std::size_t kTimelinePaths = 8;  // paths reported per interval (more are summed into the last)
+
+// Bytes this rank has sent to ranks of other regions, per path index.
+std::array<double, kTimelinePaths> crossRegionBytes(const collectives::Communicator& comm) {
+  std::array<double, kTimelinePaths> out{};
+  const auto& regions = comm.regionNames();
+  for (int peer = 0; peer < comm.size(); ++peer) {
+    if (peer == comm.rank()) continue;
+    const bool cross = regions[static_cast<std::size_t>(peer)] != regions[static_cast<std::size_t>(comm.rank())] ||
+                       regions[static_cast<std::size_t>(peer)].empty();
+    if (!cross) continue;
+    auto stats = comm.peerPathStats(peer);
+    for (std::size_t p = 0; p < stats.size(); ++p) {
+      out[std::min(p, kTimelinePaths - 1)] += static_cast<double>(stats[p].bytesSent);
+    }
+  }
+  return out;
+}
+
+// Timeline mode: one op at one size, over and over for --duration seconds; every
+// --interval, rank 0 prints the busbw of that interval and how the bytes crossing regions
+// (all ranks together) were spread over the paths. Shows routing reacting to a link that
+// changes under load (meridian-lab set / scenario).
+int runTimeline(const Args& a, const std::string& cmd, collectives::Communicator& comm, BenchOp op,
+                std::size_t bytes, kernels::DataType dtype, kernels::ReduceOp redop) {
+  const std::size_t esize = kernels::dataTypeSize(dtype);
+  const std::size_t n = static_cast<std::size_t>(comm.size());
+  std::size_t count = bytes / esize;
+  if (op == BenchOp::kAllgather || op == BenchOp::kReduceScatter) count -= count % n;
+  std::vector<std::uint8_t> send((count + n) * esize, 1), recv((count + n) * esize, 1);
+  const bool print = comm.rank() == 0;
+  if (print) {
+    std::printf("# meridian-bench timeline: %s of %zu bytes on %d ranks, routing %s\n# command: %s\n", opName(op),
+                count * esize, comm.size(), comm.adaptiveRouting() ? "adaptive" : "static", cmd.c_str());
+    std::printf("# %7s %5s %12s   cross-region bytes per path (all ranks)\n", "t(s)", "ops", "busbw(GB/s)");
+  }
+  nlohmann::json rows = nlohmann::json::array();
+  auto start = std::chrono::steady_clock::now();
+  auto intervalStart = start;
+  auto lastBytes = crossRegionBytes(comm);
+  int ops = 0;
+  std::size_t wrongTotal = 0;
+  bool anyWrong = false;
+  for (;;) {
+    // With --check every op's result is verified (the fill and check are outside no timing
+    // that matters here: the timeline measures whole intervals, so they lower busbw a little).
+    if (a.check) fillInput(comm, op, send.data(), recv.data(), count, dtype);
+    Status st = runOnce(comm, op, send.data(), recv.data(), count, dtype, redop, a.root);
+    if (!st.isOk()) {
+      std::fprintf(stderr, "meridian-bench: rank %d: %s\n", comm.rank(), st.toString().c_str());
+      return 1;
+    }
+    if (a.check) wrongTotal += countWrong(comm, op, recv.data(), count, dtype, redop, a.root);
+    ++ops;
+    // Rank 0's clock decides when an interval ends and when to stop; everyone follows.
+    auto now = std::chrono::steady_clock::now();
+    double decide[2] = {0, 0};
+    if (comm.rank() == 0) {
+      decide[0] = std::chrono::duration<double>(now - intervalStart).count() >= a.intervalSec ? 1 : 0;
+      decide[1] = std::chrono::duration<double>(now - start).count() >= a.durationSec ? 1 : 0;
+    }
+    if (!comm.broadcast(decide, decide, 2, kernels::DataType::kF64, 0).isOk()) return 1;
+    if (decide[0] == 0 && decide[1] == 0) continue;
+    auto bytesNow = crossRegionBytes(comm);
+    std::array<double, kTimelinePaths + 2> local{}, total{};
+    for (std::size_t p = 0; p < kTimelinePaths; ++p) local[p] = bytesNow[p] - lastBytes[p];
+    lastBytes = bytesNow;
+    local[kTimelinePaths] = static_cast<double>(ops);
+    local[kTimelinePaths + 1] = static_cast<double>(wrongTotal);
+    wrongTotal = 0;
+    if (!comm.allreduce(local.data(), total.data(), local.size(), kernels::DataType::kF64, kernels::ReduceOp::kSum)
+             .isOk()) {
+      return 1;
+    }
+    const double secs = std::chrono::duration<double>(now - intervalStart).count();
+    const double t = std::chrono::duration<double>(now - start).count();
+    const double algbw = static_cast<double>(count * esize) * static_cast<double>(ops) / secs / 1e9;
+    const double busbw = algbw * busBandwidthFactor(op, comm.size());
+    if (print) {
+      double all = 0;
+      for (std::size_t p = 0; p < kTimelinePaths; ++p) all += total[p];
+      std::string shares;
+      nlohmann::json perPath = nlohmann::json::array();
+      for (std::size_t p = 0; p < kTimelinePaths; ++p) {
+        if (total[p] <= 0 && p > 0) continue;
+        shares += fmt::format("  p{} {:5.1f}%", p, all > 0 ? 100 * total[p] / all : 0.0);
+        perPath.push_back(total[p]);
+      }
+      const auto wrong = static_cast<std::uint64_t>(total[kTimelinePaths + 1]);
+      std::printf("  %7.2f %5d %12.4f %s%s\n", t, ops, busbw, shares.c_str(),
+                  wrong > 0 ? fmt::format("  WRONG {}", wrong).c_str() : "");
+      std::fflush(stdout);
+      rows.push_back({{"t", t},
+                      {"t_start", t - secs},
+                      {"ops", ops},
+                      {"busbw_gbps", busbw},
+                      {"cross_region_bytes", perPath},
+                      {"wrong", wrong}});
+      anyWrong = anyWrong || wrong > 0;
+    }
+    ops = 0;
+    intervalStart = now;
+    if (decide[1] != 0) break;
+  }
+  if (print && !a.jsonPath.empty()) {
+    nlohmann::json j{{"command", cmd},        {"ranks", comm.size()}, {"op", opName(op)},
+                     {"bytes", count * esize}, {"routing", comm.adaptiveRouting() ? "adaptive" : "static"},
+                     {"timeline", rows}};
+    std::ofstream(a.jsonPath) << j.dump(2) << "\n";
+  }
+  if (print && anyWrong) std::printf("# INCORRECT results in the timeline\n");
+  return anyWrong ? 3 : 0;
+}
+
 
 // Sum of every sample of one metric family in this process.
 double familyTotal(const std::string& name) {
@@ -97,6 +216,13 @@ int runRank(const Args& a, const std::string& cmd) {
   if (!commOr) {
     std::fprintf(stderr, "meridian-bench: %s\n", commOr.status().toString().c_str());
     return 1;
+  }
+  if (a.durationSec > 0) {
+    if (ops.size() != 1 || minBytes != maxBytes) {
+      std::fprintf(stderr, "meridian-bench: --duration needs one op and one size (-b = -e)\n");
+      return 2;
+    }
+    return runTimeline(a, cmd, *commOr.value(), ops[0], minBytes, *dtype, *redop);
   }
   auto& comm = *commOr.value();
   const int n = comm.size();
@@ -217,6 +343,9 @@ int main(int argc, char** argv) {
   app.add_option("--root,-r", a.root, "Root of broadcast and reduce");
   app.add_option("--check,-c", a.check, "Check results (1) or not (0)");
   app.add_option("--json", a.jsonPath, "Also write the table as JSON here (rank 0)");
+  app.add_option("--duration", a.durationSec,
+                 "Timeline mode: repeat the one op and size for this many seconds, a line per --interval");
+  app.add_option("--interval", a.intervalSec, "Seconds per timeline line")->check(CLI::PositiveNumber);
   app.add_flag("--transport-stats", a.transportStats,
                "Add a column: % of rank 0's received bytes that arrived before their receive was posted");
   CLI11_PARSE(app, argc, argv);

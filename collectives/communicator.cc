@@ -260,6 +260,13 @@ std::vector<routing::PathView> Communicator::paths() const {
   return monitor_ ? monitor_->paths() : std::vector<routing::PathView>{};
 }
 
+std::vector<transport::PathStats> Communicator::peerPathStats(int peer) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (peer < 0 || peer >= size_ || !broken_.isOk()) return {};
+  const auto& ch = channels_[static_cast<std::size_t>(peer)];
+  return ch ? ch->pathStats() : std::vector<transport::PathStats>{};
+}
+
 std::vector<routing::PathEvent> Communicator::pathEvents() const {
   std::lock_guard<std::mutex> lock(mu_);
   return monitor_ ? monitor_->events() : std::vector<routing::PathEvent>{};

@@ -100,6 +100,9 @@ class Communicator {
   // Each rank's region as its MERIDIAN_REGION names it ("" where unnamed).
   const std::vector<std::string>& regionNames() const { return regionNames_; }
   bool adaptiveRouting() const { return adaptive_; }
+  // The paths of the channel to `peer` with their counters and weights (empty for this
+  // rank, a bad rank, or once the communicator broke).
+  std::vector<transport::PathStats> peerPathStats(int peer) const;
 
   // recv[i] = op over ranks of send[i]; send == recv is in place.
   Status allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op);
