@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <limits>
@@ -120,6 +121,12 @@ Result<std::unique_ptr<Communicator>> Communicator::create(Store& store, int ran
     return invalidArgument("MERIDIAN_ROUTING must be adaptive or static, not '{}'", routingMode);
   }
   comm->adaptive_ = routingMode == "adaptive";
+  comm->algo_ = opts.algo.empty() ? knobString(knobs::kAlgo) : opts.algo;
+  if (comm->algo_ != "auto" && comm->algo_ != "ring" && comm->algo_ != "recursive_doubling" &&
+      comm->algo_ != "hierarchical") {
+    return invalidArgument("MERIDIAN_ALGO must be auto, ring, recursive_doubling or hierarchical, not '{}'",
+                           comm->algo_);
+  }
   transport::tcp::DeviceOptions dev;
   dev.adaptive = comm->adaptive_;
   dev.localAddresses = opts.localAddresses;
@@ -252,7 +259,36 @@ Status Communicator::startRouting(Store& store, const std::string& base, const C
     const auto peerEndpoints = j.value("probe", std::vector<std::string>{});
     if (monitor_ && r != rank_ && !peerEndpoints.empty()) MERIDIAN_RETURN_IF_ERROR(monitor_->setPeer(r, peerEndpoints));
   }
+  // Every rank computes the same hierarchy from the same names: no plan needs sending.
+  hierarchy_ = hierarchyFromRegions(regionNames_);
+  if (algo_ == "hierarchical" && !hierarchy_) {
+    return invalidArgument("MERIDIAN_ALGO=hierarchical needs every rank's MERIDIAN_REGION, at least 2 regions, "
+                           "and the same number of ranks in each");
+  }
+  if (hierarchy_) {
+    MLOG_INFO(kCollectives, "{} regions of {} ranks: large allreduces run {}", hierarchy_->groups.size(),
+              hierarchy_->groups.front().size(),
+              algo_ == "ring" || (!adaptive_ && algo_ == "auto") ? "as a flat ring" : "hierarchically");
+  }
   return Status::ok();
+}
+
+std::optional<Hierarchy> hierarchyFromRegions(const std::vector<std::string>& names) {
+  std::vector<std::string> order;  // regions by first appearance
+  std::vector<std::vector<int>> groups;
+  for (std::size_t r = 0; r < names.size(); ++r) {
+    if (names[r].empty()) return std::nullopt;
+    auto it = std::find(order.begin(), order.end(), names[r]);
+    if (it == order.end()) {
+      order.push_back(names[r]);
+      groups.emplace_back();
+      it = order.end() - 1;
+    }
+    groups[static_cast<std::size_t>(it - order.begin())].push_back(static_cast<int>(r));
+  }
+  Hierarchy h{std::move(groups), {}};
+  if (!validateHierarchy(h, static_cast<int>(names.size())).isOk()) return std::nullopt;
+  return h;
 }
 
 std::vector<routing::PathView> Communicator::paths() const {

@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -66,8 +67,13 @@ struct CommOptions {
   std::string routing;
   bool probe = true;
   std::chrono::milliseconds probeInterval{0};  // 0: MERIDIAN_PROBE_INTERVAL_MS
+  std::string algo;                            // allreduce algorithm; empty: MERIDIAN_ALGO
   std::string region;                          // empty: MERIDIAN_REGION (may stay empty)
 };
+
+// Ranks grouped by region name in rank order (regions by first appearance); none when a
+// name is missing, there is one region, or the regions differ in size.
+std::optional<Hierarchy> hierarchyFromRegions(const std::vector<std::string>& names);
 
 class Communicator {
  public:
@@ -100,6 +106,8 @@ class Communicator {
   // Each rank's region as its MERIDIAN_REGION names it ("" where unnamed).
   const std::vector<std::string>& regionNames() const { return regionNames_; }
   bool adaptiveRouting() const { return adaptive_; }
+  // The region groups large allreduces run hierarchically over (none: flat).
+  const std::optional<Hierarchy>& hierarchy() const { return hierarchy_; }
   // The paths of the channel to `peer` with their counters and weights (empty for this
   // rank, a bad rank, or once the communicator broke).
   std::vector<transport::PathStats> peerPathStats(int peer) const;
@@ -179,7 +187,7 @@ class Communicator {
   Status reduceArgs(const void* send, const void* recv, std::size_t count, DataType dtype, ReduceOp op,
                     int root) const;
   Status p2pArgs(const void* buf, std::size_t count, DataType dtype, int peer) const;
-  Body allreduceBody(const void* send, void* recv, std::size_t count, ReduceOp op);
+  Body allreduceBody(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op);
   Body reduceScatterBody(const void* send, void* recv, std::size_t recvCount, ReduceOp op);
   Body broadcastBody(const void* send, void* recv, std::size_t count, int root);
   Body reduceBody(const void* send, void* recv, std::size_t count, ReduceOp op, int root);
@@ -200,6 +208,8 @@ class Communicator {
   std::unique_ptr<routing::PathMonitor> monitor_;
   std::vector<std::string> regionNames_;
   bool adaptive_ = true;
+  std::string algo_ = "auto";             // MERIDIAN_ALGO
+  std::optional<Hierarchy> hierarchy_;    // ranks grouped by region, when the regions allow
   // Touched only by the thread executing an op (or the destructor after the worker quit).
   RequestTracker opRequests_;                    // the current op's requests
   std::vector<transport::RequestPtr> deferred_;  // async send/recv requests still pending

@@ -74,12 +74,31 @@ Status argsReduce(const void* send, const void* recv, std::size_t count, DataTyp
 
 }  // namespace
 
-Communicator::Body Communicator::allreduceBody(const void* send, void* recv, std::size_t count, ReduceOp op) {
+Communicator::Body Communicator::allreduceBody(const void* send, void* recv, std::size_t count, DataType dtype,
+                                                ReduceOp op) {
   const std::size_t small = smallBytes_;
+  // The choice depends only on what every rank knows alike (size, knobs, region names), so
+  // every rank runs the same algorithm.
+  const bool large = count * kernels::dataTypeSize(dtype) > small;
+  const Hierarchy* hier = hierarchy_ ? &*hierarchy_ : nullptr;
+  enum class Algo { kRecursiveDoubling, kRing, kHierarchical } algo;
+  if (algo_ == "ring") {
+    algo = Algo::kRing;
+  } else if (algo_ == "recursive_doubling") {
+    algo = Algo::kRecursiveDoubling;
+  } else if (algo_ == "hierarchical") {
+    algo = hier != nullptr ? Algo::kHierarchical : Algo::kRing;
+  } else {
+    algo = !large ? Algo::kRecursiveDoubling : (adaptive_ && hier != nullptr ? Algo::kHierarchical : Algo::kRing);
+  }
   return [=](const AlgoContext& ctx, Work&) -> Status {
     if (count == 0) return Status::ok();
-    Status st = count * ctx.elemBytes <= small ? recursiveDoublingAllreduce(ctx, send, recv, count, wireOp(op))
-                                               : ringAllreduce(ctx, send, recv, count, wireOp(op));
+    Status st;
+    switch (algo) {
+      case Algo::kRecursiveDoubling: st = recursiveDoublingAllreduce(ctx, send, recv, count, wireOp(op)); break;
+      case Algo::kRing: st = ringAllreduce(ctx, send, recv, count, wireOp(op)); break;
+      case Algo::kHierarchical: st = hierarchicalAllreduce(ctx, send, recv, count, wireOp(op), *hier); break;
+    }
     MERIDIAN_RETURN_IF_ERROR(st);
     return finishAvg(ctx, recv, count, op);
   };
@@ -87,14 +106,14 @@ Communicator::Body Communicator::allreduceBody(const void* send, void* recv, std
 
 Status Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op) {
   Status invalid = argsReduce(send, recv, count, dtype, op, "allreduce");
-  return runSync(OpKind::kAllreduce, dtype, bytesOf(count, dtype), allreduceBody(send, recv, count, op),
+  return runSync(OpKind::kAllreduce, dtype, bytesOf(count, dtype), allreduceBody(send, recv, count, dtype, op),
                  std::move(invalid));
 }
 
 Communicator::WorkPtr Communicator::allreduceAsync(const void* send, void* recv, std::size_t count, DataType dtype,
                                                    ReduceOp op) {
   Status invalid = argsReduce(send, recv, count, dtype, op, "allreduce");
-  return submit(OpKind::kAllreduce, dtype, bytesOf(count, dtype), allreduceBody(send, recv, count, op),
+  return submit(OpKind::kAllreduce, dtype, bytesOf(count, dtype), allreduceBody(send, recv, count, dtype, op),
                 std::move(invalid));
 }
 

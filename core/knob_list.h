@@ -45,6 +45,8 @@
   X(kProbeIntervalMs, "MERIDIAN_PROBE_INTERVAL_MS", Int, "100",                                    \
     "Period of the probes sent on every path to every peer, in milliseconds.")                     \
   X(kRouting, "MERIDIAN_ROUTING", String, "adaptive",                                              \
-    "adaptive: re-plan collectives and path weights from measurements; static: never adapt.")
+    "adaptive: re-plan collectives and path weights from measurements; static: never adapt.")      \
+  X(kAlgo, "MERIDIAN_ALGO", String, "auto",                                                        \
+    "Allreduce algorithm: auto, ring, recursive_doubling or hierarchical (by region).")
 
 namespace meridian {}  // keeps this header a valid translation unit on its own

@@ -149,6 +149,18 @@ class SendQueue {
 
 // allreduce.cc / ring.cc / recursive_doubling.cc
 Status ringAllreduce(const AlgoContext& ctx, const void* send, void* recv, std::size_t count, kernels::ReduceOp op);
+
+// Ranks grouped by region (every rank once, groups of equal size, each in ring order), and
+// the order of the groups for the cross-region rings (empty: group order).
+struct Hierarchy {
+  std::vector<std::vector<int>> groups;
+  std::vector<int> crossOrder;
+};
+Status validateHierarchy(const Hierarchy& h, int worldSize);
+// Reduce-scatter in each group, allreduce across groups between equal local indices,
+// allgather in each group (hierarchical.cc).
+Status hierarchicalAllreduce(const AlgoContext& ctx, const void* send, void* recv, std::size_t count,
+                             kernels::ReduceOp op, const Hierarchy& h);
 Status recursiveDoublingAllreduce(const AlgoContext& ctx, const void* send, void* recv, std::size_t count,
                                   kernels::ReduceOp op);
 // send holds size * recvCount elements; rank r gets block r reduced.

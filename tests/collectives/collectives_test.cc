@@ -413,6 +413,44 @@ TEST_F(CollectivesTest, ProbesEveryPathToEveryPeerAndKnowsTheRegions) {
             "");
 }
 
+TEST(HierarchyTest, GroupsRanksByRegionWhenTheRegionsAllowIt) {
+  auto h = collectives::hierarchyFromRegions({"eu", "us", "eu", "us"});
+  ASSERT_TRUE(h.has_value());
+  EXPECT_EQ(h->groups, (std::vector<std::vector<int>>{{0, 2}, {1, 3}}));
+  EXPECT_FALSE(collectives::hierarchyFromRegions({"eu", "eu"}).has_value()) << "one region";
+  EXPECT_FALSE(collectives::hierarchyFromRegions({"eu", "us", "us"}).has_value()) << "unequal regions";
+  EXPECT_FALSE(collectives::hierarchyFromRegions({"eu", ""}).has_value()) << "a rank without a region";
+  collectives::Hierarchy bad{{{0, 1}, {1, 2}}, {}};
+  EXPECT_FALSE(collectives::validateHierarchy(bad, 3).isOk());
+  collectives::Hierarchy badOrder{{{0}, {1}}, {0, 0}};
+  EXPECT_FALSE(collectives::validateHierarchy(badOrder, 2).isOk());
+}
+
+// 6 ranks in 3 regions (interleaved, as launchers may number them): large allreduces run
+// hierarchically and every result matches the serial reference, every size and op.
+TEST_F(CollectivesTest, HierarchicalAllreduceMatchesTheReference) {
+  CommOptions opts;
+  opts.ringSegmentBytes = 64 << 10;
+  opts.smallMessageBytes = 256;
+  auto h = RankHarness::start(6, opts, [](int rank, CommOptions& o) {
+    o.region = std::vector<std::string>{"london", "virginia", "singapore"}[static_cast<std::size_t>(rank % 3)];
+  });
+  ASSERT_TRUE(h.isOk()) << h.status().toString();
+  EXPECT_EQ(RankHarness::summarize(h.value()->run([](int, collectives::Communicator& c) -> std::string {
+              if (!c.hierarchy() || c.hierarchy()->groups.size() != 3) return "no hierarchy from the regions";
+              for (std::size_t count : {std::size_t{1000}, std::size_t{65537}, std::size_t{(1 << 20) + 3}}) {
+                for (auto op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kAvg}) {
+                  for (bool inPlace : {false, true}) {
+                    if (auto e = checkAllreduce(c, count, DataType::kF32, op, inPlace); !e.empty()) return e;
+                  }
+                }
+                if (auto e = checkAllreduce(c, count, DataType::kI64, ReduceOp::kSum, false); !e.empty()) return e;
+              }
+              return std::string();
+            })),
+            "");
+}
+
 TEST_F(CollectivesTest, RoutingModeIsStaticOrAdaptive) {
   CommOptions opts;
   opts.routing = "static";

@@ -42,7 +42,8 @@ std::string statusFailure(const char* what, const Status& st) {
   return st.isOk() ? std::string() : fmt::format("{}: {}", what, st.toString());
 }
 
-Result<std::unique_ptr<RankHarness>> RankHarness::start(int worldSize, const CommOptions& options) {
+Result<std::unique_ptr<RankHarness>> RankHarness::start(int worldSize, const CommOptions& options,
+                                                        const std::function<void(int, CommOptions&)>& perRank) {
   if (worldSize < 1) return invalidArgument("world size {} < 1", worldSize);
   std::unique_ptr<RankHarness> h(new RankHarness());
   const std::string secret = options.secret.empty() ? loadJobSecret() : options.secret;
@@ -61,7 +62,9 @@ Result<std::unique_ptr<RankHarness>> RankHarness::start(int worldSize, const Com
       return statusFailure("store connect", store.status());
     }
     h->stores_[idx] = std::move(store).value();
-    auto comm = Communicator::create(*h->stores_[idx], r, worldSize, options);
+    CommOptions mine = options;
+    if (perRank) perRank(r, mine);
+    auto comm = Communicator::create(*h->stores_[idx], r, worldSize, mine);
     if (!comm) {
       statuses[idx] = comm.status();
       return statusFailure("communicator create", comm.status());

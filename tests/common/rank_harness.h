@@ -19,7 +19,10 @@ class RankHarness {
  public:
   // Starts the store and creates worldSize communicators concurrently. Returns the first
   // rank's failure if any set-up fails.
-  static Result<std::unique_ptr<RankHarness>> start(int worldSize, const collectives::CommOptions& options = {});
+  // `perRank` may adjust each rank's options (e.g. its region).
+  static Result<std::unique_ptr<RankHarness>> start(
+      int worldSize, const collectives::CommOptions& options = {},
+      const std::function<void(int rank, collectives::CommOptions&)>& perRank = nullptr);
   ~RankHarness();
   RankHarness(const RankHarness&) = delete;
   RankHarness& operator=(const RankHarness&) = delete;
