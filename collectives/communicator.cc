@@ -267,8 +267,7 @@ Status Communicator::startRouting(Store& store, const std::string& base, const C
   }
   if (hierarchy_) {
     MLOG_INFO(kCollectives, "{} regions of {} ranks: large allreduces run {}", hierarchy_->groups.size(),
-              hierarchy_->groups.front().size(),
-              algo_ == "ring" || (!adaptive_ && algo_ == "auto") ? "as a flat ring" : "hierarchically");
+              hierarchy_->groups.front().size(), algo_ == "hierarchical" ? "hierarchically" : "as a flat ring");
   }
   return Status::ok();
 }

@@ -227,6 +227,9 @@ Status labUp(const std::string& topologyFile, const UpOptions& options) {
     for (const char* key : {"net/ipv4/tcp_rmem", "net/ipv4/tcp_wmem"}) {
       if (Status st = setSysctlIn(ns, key, "4096 131072 67108864"); !st.isOk()) return fail(st);
     }
+    // ... and keep a connection's window across idle gaps (collectives idle between phases);
+    // otherwise every op restarts slow start on a 200 ms path.
+    if (Status st = setSysctlIn(ns, "net/ipv4/tcp_slow_start_after_idle", "0"); !st.isOk()) return fail(st);
     for (int p = 0; p < static_cast<int>(topo.planes.size()); ++p) {
       auto fd = createTun(ns, topo.planes[static_cast<std::size_t>(p)].name, topo.mtu, topo.address(p, n));
       if (!fd.isOk()) return fail(fd.status());

@@ -426,12 +426,13 @@ TEST(HierarchyTest, GroupsRanksByRegionWhenTheRegionsAllowIt) {
   EXPECT_FALSE(collectives::validateHierarchy(badOrder, 2).isOk());
 }
 
-// 6 ranks in 3 regions (interleaved, as launchers may number them): large allreduces run
-// hierarchically and every result matches the serial reference, every size and op.
+// 6 ranks in 3 regions (interleaved, as launchers may number them), MERIDIAN_ALGO=hierarchical:
+// every result matches the serial reference, every size and op.
 TEST_F(CollectivesTest, HierarchicalAllreduceMatchesTheReference) {
   CommOptions opts;
   opts.ringSegmentBytes = 64 << 10;
   opts.smallMessageBytes = 256;
+  opts.algo = "hierarchical";
   auto h = RankHarness::start(6, opts, [](int rank, CommOptions& o) {
     o.region = std::vector<std::string>{"london", "virginia", "singapore"}[static_cast<std::size_t>(rank % 3)];
   });
@@ -465,6 +466,15 @@ TEST_F(CollectivesTest, RoutingModeIsStaticOrAdaptive) {
   auto bad = RankHarness::start(2, opts);
   ASSERT_FALSE(bad.isOk());
   EXPECT_NE(bad.status().message().find("MERIDIAN_ROUTING"), std::string::npos) << bad.status().toString();
+  opts.routing = "adaptive";
+  opts.algo = "hierarchical";  // but no rank names a region
+  auto noRegions = RankHarness::start(2, opts);
+  ASSERT_FALSE(noRegions.isOk());
+  EXPECT_NE(noRegions.status().message().find("MERIDIAN_REGION"), std::string::npos) << noRegions.status().toString();
+  opts.algo = "fastest";
+  auto badAlgo = RankHarness::start(2, opts);
+  ASSERT_FALSE(badAlgo.isOk());
+  EXPECT_NE(badAlgo.status().message().find("MERIDIAN_ALGO"), std::string::npos) << badAlgo.status().toString();
 }
 
 TEST_F(CollectivesTest, RecordsLatencyAndBytesPerOp) {

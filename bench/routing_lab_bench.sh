@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Routing in the lab, side by side in one run (root, /dev/net/tun):
+#  1. two regions (time scale 0.25): a loop of 16 MiB allreduces while wan-a between the
+#     regions drops from 100 to 20 Mbit/s at t=6 s; Meridian adaptive vs static striping;
+#  2. three regions (time scale 0.25, every inter-region link 80 Mbit/s per plane): flat
+#     ring vs region-hierarchical allreduce of 16 MiB: time per op and bytes across regions.
+# Usage: bench/routing_lab_bench.sh [BUILD_DIR]    Writes bench/results/routing-lab.md.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build}
+lab=("$build/lab/meridian-lab" --lab mlbench)
+benchbin="$build/bench/meridian-bench"
+[ "$(id -u)" -eq 0 ] || { echo "needs root (network namespaces)" >&2; exit 1; }
+tmp=$(mktemp -d)
+cleanup() { "${lab[@]}" down >/dev/null 2>&1 || true; rm -rf "$tmp"; }
+trap cleanup EXIT
+out="$root/bench/results/routing-lab.md"
+summary() {  # summary JSON FROM TO: time per op, cross-region MiB per op, median busbw of rows in [FROM, TO)
+  python3 - "$@" <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))["timeline"]
+lo, hi = float(sys.argv[2]), float(sys.argv[3])
+r = [x for x in rows if x["t_start"] >= lo and x["t"] <= hi]
+ops = sum(x["ops"] for x in r) or 1
+t = (r[-1]["t"] - r[0]["t_start"]) if r else 0
+b = sum(sum(x["cross_region_bytes"]) for x in r)
+bw = sorted(x["busbw_gbps"] for x in r)
+p0 = [x["cross_region_bytes"][0] / max(1, sum(x["cross_region_bytes"])) for x in r]
+print(f"{t/ops:.2f} | {b/ops/2**20:.1f} | {bw[len(bw)//2] if bw else 0:.4f} | {100*sum(p0)/max(1,len(p0)):.0f}%")
+PY
+}
+{
+  echo "# Routing in the lab"
+  echo
+  echo "Measured $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) cores, by \`bench/routing_lab_bench.sh $build\`."
+  echo
+  echo "## 1. One plane degrades under load (two regions, 4 nodes, time scale 0.25)"
+  echo
+  echo "Loop of 16 MiB allreduces (\`meridian-bench --duration 16 --interval 1\`, one rank per node);"
+  echo "at t=6 s \`meridian-lab set wan-a east west --rate 20Mbit\` (from 100). Link-rate bound on busbw:"
+  echo "0.0250 GB/s before (2 planes x 100 Mbit/s), 0.0150 GB/s after (20 + 100 Mbit/s)."
+  echo
+  echo "| routing | phase | s per op | cross-region MiB per op | median busbw (GB/s) | share on wan-a |"
+  echo "| --- | --- | --- | --- | --- | --- |"
+} > "$out.tmp"
+"${lab[@]}" down >/dev/null 2>&1 || true
+"${lab[@]}" up "$root/lab/topologies/two-regions.yaml" --time-scale 0.25 >/dev/null
+for mode in adaptive static; do
+  "${lab[@]}" restore wan-a east west >/dev/null
+  (sleep 6; "${lab[@]}" set wan-a east west --rate 20Mbit >/dev/null) &
+  MERIDIAN_ROUTING=$mode "${lab[@]}" exec-all -- "$benchbin" --ops all_reduce -b 16M -e 16M --duration 16 \
+    --interval 1 --check 0 --json "$tmp/$mode.json" >/dev/null 2>&1
+  wait
+  echo "| $mode | before (t 1-5 s) | $(summary "$tmp/$mode.json" 1 5) |" >> "$out.tmp"
+  echo "| $mode | after (t 9-16 s) | $(summary "$tmp/$mode.json" 9 100) |" >> "$out.tmp"
+done
+"${lab[@]}" down >/dev/null
+{
+  echo
+  echo "## 2. Flat ring vs region-hierarchical allreduce (three regions, 6 nodes, time scale 0.25)"
+  echo
+  echo "Every inter-region link set to 80 Mbit/s per plane, 16 MiB allreduces for 12 s each,"
+  echo "\`MERIDIAN_ALGO=ring\` then \`hierarchical\`, twice, first 4 s dropped (warm-up)."
+  echo
+  echo "| algorithm | s per op | cross-region MiB per op | median busbw (GB/s) | share on wan-a |"
+  echo "| --- | --- | --- | --- | --- |"
+} >> "$out.tmp"
+"${lab[@]}" up "$root/lab/topologies/three-regions.yaml" --time-scale 0.25 >/dev/null
+for p in wan-a wan-b; do
+  for pair in "london virginia" "london singapore" "virginia singapore"; do
+    "${lab[@]}" set $p $pair --rate 80Mbit >/dev/null
+  done
+done
+for algo in ring hierarchical ring hierarchical; do
+  MERIDIAN_ALGO=$algo "${lab[@]}" exec-all -- "$benchbin" --ops all_reduce -b 16M -e 16M --duration 12 \
+    --interval 4 --check 0 --json "$tmp/$algo.json" >/dev/null 2>&1
+  echo "| $algo | $(summary "$tmp/$algo.json" 3.5 100) |" >> "$out.tmp"
+done
+mv "$out.tmp" "$out"
+cat "$out"
