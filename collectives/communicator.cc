@@ -316,7 +316,10 @@ void Communicator::abortTransport(const Status& why) {
     }
   }  // joined here, outside mu_
   device_.reset();  // joins the progress thread: nothing touches a buffer after this
-  channels_.assign(channels_.size(), nullptr);
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // peerPathStats() reads channels_ from other threads
+    channels_.assign(channels_.size(), nullptr);
+  }
   for (auto& req : opRequests_.takeUnfinished()) req->complete(why, 0);
   for (auto& req : deferred_) req->complete(why, 0);  // ignored by the finished ones
   deferred_.clear();
