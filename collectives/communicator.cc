@@ -254,9 +254,12 @@ Status Communicator::startRouting(Store& store, const std::string& base, const C
   for (int r = 0; r < size_; ++r) {
     const auto& blob = blobs[static_cast<std::size_t>(r)];
     auto j = nlohmann::json::parse(std::string(blob.begin(), blob.end()), nullptr, false);
-    if (j.is_discarded() || !j.is_object()) return peerError("rank {} published malformed routing data", r);
-    regionNames_[static_cast<std::size_t>(r)] = j.value("region", "");
-    const auto peerEndpoints = j.value("probe", std::vector<std::string>{});
+    const bool wellFormed = !j.is_discarded() && j.is_object() && j.contains("region") && j["region"].is_string() &&
+                            j.contains("probe") && j["probe"].is_array() &&
+                            std::all_of(j["probe"].begin(), j["probe"].end(), [](const auto& e) { return e.is_string(); });
+    if (!wellFormed) return peerError("rank {} published malformed routing data", r);
+    regionNames_[static_cast<std::size_t>(r)] = j["region"].get<std::string>();
+    const auto peerEndpoints = j["probe"].get<std::vector<std::string>>();
     if (monitor_ && r != rank_ && !peerEndpoints.empty()) MERIDIAN_RETURN_IF_ERROR(monitor_->setPeer(r, peerEndpoints));
   }
   // Every rank computes the same hierarchy from the same names: no plan needs sending.

@@ -183,6 +183,7 @@ int run(int argc, char** argv) {
 
   routing::ProberOptions po;
   po.localAddresses = localPathAddresses(info.value());
+  for (auto& a : po.localAddresses) a = a.substr(0, a.find(':'));  // "ip:port" names a data port
   po.interval = std::chrono::milliseconds(knobInt(knobs::kProbeIntervalMs, 1, 60'000));
   po.secret = secret;
   po.sessionId = session;

@@ -134,7 +134,21 @@ int launchLocalRanks(const LocalLaunchOptions& options) {
   bool terminating = false;
   auto firstFailure = std::chrono::steady_clock::time_point::max();
   std::size_t openOutputs = outputs.size();
+  // Output still open after every rank exited belongs to something a rank left running in
+  // the background: read it for a little while, then stop waiting for it.
+  constexpr auto kDrainAfterExit = std::chrono::seconds(2);
+  auto allExited = std::chrono::steady_clock::time_point::max();
   while (!children.empty() || openOutputs > 0) {
+    if (children.empty() && allExited == std::chrono::steady_clock::time_point::max()) {
+      allExited = std::chrono::steady_clock::now();
+    }
+    if (children.empty() && std::chrono::steady_clock::now() - allExited > kDrainAfterExit) {
+      for (auto& o : outputs) {
+        if (o.fd >= 0) ::close(o.fd);
+        o.fd = -1;
+      }
+      break;
+    }
     if (openOutputs > 0) {
       if (::poll(outputs.data(), outputs.size(), 20) > 0) {
         for (std::size_t i = 0; i < outputs.size(); ++i) {

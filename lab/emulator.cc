@@ -200,7 +200,12 @@ struct Emulator::Impl {
     if (parsed.is_discarded() || !parsed.is_object()) {
       reply = {{"ok", false}, {"error", "the request is not a JSON object"}};
     } else {
-      reply = handleRequest(parsed);
+      // A malformed request gets an error reply; it must never take the emulator down.
+      try {
+        reply = handleRequest(parsed);
+      } catch (const nlohmann::json::exception& e) {
+        reply = {{"ok", false}, {"error", fmt::format("malformed request: {}", e.what())}};
+      }
     }
     std::string out = reply.dump() + "\n";
     std::size_t off = 0;
@@ -252,11 +257,13 @@ struct Emulator::Impl {
   }
 
   void apply(int plane, int src, int dst) {
-    links[linkIndex(plane, src, dst)].configure(scaled(topo.link(plane, src, dst), topo.timeScale));
+    links[linkIndex(plane, src, dst)].configure(scaled(topo.link(plane, src, dst), topo.timeScale), monotonicNs());
   }
 
   nlohmann::json handleRequest(const nlohmann::json& r) {
-    const std::string cmd = r.value("cmd", "");
+    if (!r.contains("cmd") || !r["cmd"].is_string()) return {{"ok", false}, {"error", "the request needs a 'cmd' string"}};
+    if (r.contains("both") && !r["both"].is_boolean()) return {{"ok", false}, {"error", "'both' must be true or false"}};
+    const std::string cmd = r["cmd"].get<std::string>();
     const std::int64_t now = monotonicNs();
     if (cmd == "status") {
       nlohmann::json j;
@@ -298,20 +305,29 @@ struct Emulator::Impl {
             change.cut = value.get<bool>();
             continue;
           }
-          if (!value.is_number() || value.get<double>() < 0) {
+          if (!value.is_number() || !(value.get<double>() >= 0)) {
             return {{"ok", false}, {"error", fmt::format("'{}' must be a number >= 0", key)}};
           }
+          const double v = value.get<double>();
+          auto outOfRange = [&](double limit) {
+            return nlohmann::json{{"ok", false}, {"error", fmt::format("'{}' must be at most {}", key, limit)}};
+          };
           if (key == "delay_us") {
-            change.delayUs = value.get<double>();
+            if (v > kMaxLinkDelayUs) return outOfRange(kMaxLinkDelayUs);
+            change.delayUs = v;
           } else if (key == "jitter_us") {
-            change.jitterUs = value.get<double>();
+            if (v > kMaxLinkDelayUs) return outOfRange(kMaxLinkDelayUs);
+            change.jitterUs = v;
           } else if (key == "rate_bps") {
-            change.rateBitsPerSec = value.get<double>();
+            if (v > kMaxRateBitsPerSec) return outOfRange(kMaxRateBitsPerSec);
+            if (v > 0 && v < 1) return {{"ok", false}, {"error", "rate_bps must be 0 (unlimited) or at least 1"}};
+            change.rateBitsPerSec = v;
           } else if (key == "queue_bytes") {
-            change.queueBytes = value.get<std::uint64_t>();
+            if (v > static_cast<double>(kMaxQueueBytes)) return outOfRange(static_cast<double>(kMaxQueueBytes));
+            change.queueBytes = static_cast<std::uint64_t>(v);
           } else if (key == "loss") {
-            if (value.get<double>() > 1) return {{"ok", false}, {"error", "loss must be within 0..1"}};
-            change.loss = value.get<double>();
+            if (v > 1) return {{"ok", false}, {"error", "loss must be within 0..1"}};
+            change.loss = v;
           } else {
             return {{"ok", false}, {"error", fmt::format("unknown link setting '{}'", key)}};
           }
@@ -362,8 +378,9 @@ void Emulator::requestStop() { impl_->stop = true; }
 
 nlohmann::json Emulator::handle(const nlohmann::json& request) { return impl_->handleRequest(request); }
 
-Status Emulator::run(bool handleSignals) {
+Status Emulator::prepare(bool handleSignals) {
   Impl& m = *impl_;
+  if (m.epoll.valid()) return Status::ok();
   // Timer slack decides how late a timerfd may fire; the default 50 us is a quarter of the
   // delay error the lab allows.
   ::prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
@@ -390,6 +407,12 @@ Status Emulator::run(bool handleSignals) {
     m.signals.reset(::signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC));
     if (m.signals.valid()) add(m.signals.get(), kTagSignal);
   }
+  return Status::ok();
+}
+
+Status Emulator::run(bool handleSignals) {
+  MERIDIAN_RETURN_IF_ERROR(prepare(handleSignals));
+  Impl& m = *impl_;
   epoll_event events[64];
   while (!m.stop) {
     // The stop flag may be set from another thread (tests): wake up now and then.

@@ -48,8 +48,10 @@ class Emulator {
   Emulator(const Emulator&) = delete;
   Emulator& operator=(const Emulator&) = delete;
 
-  // Forwards packets until shutdown (a control request, requestStop(), SIGTERM or SIGINT
-  // when handleSignals). Returns an error only when it cannot run at all.
+  // Sets up epoll, the timer and (when handleSignals) SIGTERM/SIGINT handling; then
+  // forwards packets until shutdown (a control request, requestStop() or a signal).
+  // prepare() errors mean it cannot run at all; run() calls prepare() when needed.
+  Status prepare(bool handleSignals);
   Status run(bool handleSignals);
   void requestStop();
 

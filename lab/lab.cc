@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -258,7 +259,11 @@ Status labUp(const std::string& topologyFile, const UpOptions& options) {
   std::fflush(stdout);
   std::fflush(stderr);
   pid_t pid = ::fork();
-  if (pid < 0) return fail(internalError("fork: {}", std::strerror(errno)));
+  if (pid < 0) {
+    ::close(ready[0]);
+    ::close(ready[1]);
+    return fail(internalError("fork: {}", std::strerror(errno)));
+  }
   if (pid == 0) {
     ::close(ready[0]);
     ::setsid();
@@ -274,10 +279,12 @@ Status labUp(const std::string& topologyFile, const UpOptions& options) {
     int code = 0;
     {
       Emulator emu(topo, std::move(tuns), std::move(control.value()));
-      char ok = 1;
+      // "Ready" only once the emulator can forward: a failed set-up fails `up`.
+      Status prepared = emu.prepare(true);
+      char ok = prepared.isOk() ? 1 : 0;
       [[maybe_unused]] ssize_t w = ::write(ready[1], &ok, 1);
       ::close(ready[1]);
-      Status st = emu.run(true);
+      Status st = prepared.isOk() ? emu.run(true) : prepared;
       if (!st.isOk()) {
         std::fprintf(stderr, "emulator: %s\n", st.message().c_str());
         code = 1;
@@ -288,6 +295,11 @@ Status labUp(const std::string& topologyFile, const UpOptions& options) {
   }
   ::close(ready[1]);
   s.emulatorPid = pid;
+  // Recorded at once: if this process dies before the daemon reports, `down` can stop it.
+  if (Status st = saveState(s, topologyFile); !st.isOk()) {
+    ::close(ready[0]);
+    return fail(st);
+  }
   tuns.clear();  // the daemon holds them now
   control.value().reset();
   pollfd pfd{ready[0], POLLIN, 0};
@@ -365,7 +377,21 @@ int execAll(const LabState& lab, const std::vector<std::string>& argv) {
   o.ranks = static_cast<int>(t.nodes.size());
   o.argv = argv;
   o.separateHosts = true;
-  o.store = std::getenv("MERIDIAN_STORE") != nullptr ? std::getenv("MERIDIAN_STORE") : t.address(0, 0) + ":29400";
+  if (const char* store = std::getenv("MERIDIAN_STORE")) {
+    o.store = store;
+  } else {
+    // A port free in the first node right now, so that two jobs in one lab do not meet.
+    int port = 29400;
+    if (auto fd = socketIn(lab.namespaceOf(0), AF_INET, SOCK_STREAM); fd.isOk()) {
+      sockaddr_in a = ipv4Address(t.address(0, 0), 0);
+      socklen_t len = sizeof(a);
+      if (::bind(fd->get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+          ::getsockname(fd->get(), reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+        port = ntohs(a.sin_port);
+      }
+    }
+    o.store = fmt::format("{}:{}", t.address(0, 0), port);
+  }
   o.rankEnv = [&lab](int rank) { return nodeEnvironment(lab, rank); };
   o.childSetup = [&lab](int rank) {
     Status st = enterNamespaceForGood(lab.namespaceOf(rank));

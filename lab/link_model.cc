@@ -14,7 +14,15 @@ LinkParams scaled(const LinkParams& world, double timeScale) {
 
 LinkModel::LinkModel(const LinkParams& effective, std::uint64_t seed) : p_(effective), rng_(seed) {}
 
-void LinkModel::configure(const LinkParams& effective) { p_ = effective; }
+void LinkModel::configure(const LinkParams& effective, std::int64_t nowNs) {
+  const std::uint64_t backlog = backlogBytes(nowNs);
+  p_ = effective;
+  if (backlog > 0 && p_.rateBitsPerSec > 0) {
+    busyUntilNs_ = nowNs + static_cast<std::int64_t>(static_cast<double>(backlog) * 8e9 / p_.rateBitsPerSec);
+  } else if (p_.rateBitsPerSec <= 0) {
+    busyUntilNs_ = 0;  // unlimited: nothing waits for the limiter
+  }
+}
 
 std::uint64_t LinkModel::backlogBytes(std::int64_t nowNs) const {
   if (p_.rateBitsPerSec <= 0 || busyUntilNs_ <= nowNs) return 0;

@@ -31,8 +31,9 @@ class LinkModel {
   // `effective` already has the time scale applied (see scaled()).
   LinkModel(const LinkParams& effective, std::uint64_t seed);
 
-  // Changes the link live: packets already accepted keep their times.
-  void configure(const LinkParams& effective);
+  // Changes the link live at `nowNs`: packets already accepted keep their times, and the
+  // bytes still queued drain at the new rate from now on.
+  void configure(const LinkParams& effective, std::int64_t nowNs);
   const LinkParams& params() const { return p_; }
 
   // A packet of `bytes` arrives at `nowNs`: the time it reaches the other end, or nullopt

@@ -26,9 +26,6 @@ namespace meridian::lab {
 namespace {
 
 // Limits on link values: beyond them a value is a typo, not an experiment.
-constexpr double kMaxLinkDelayUs = 10e6;  // 10 s, for delay and jitter alike
-constexpr double kMaxRateBitsPerSec = 1e12;
-constexpr std::uint64_t kMaxQueueBytes = std::uint64_t{1} << 30;
 // The default queue: 50 ms at the rate, about a WAN round trip, so TCP-like senders can fill the
 // link without the queue itself adding seconds of delay. The floor keeps a slow (or unlimited) link
 // able to hold a few jumbo frames, and is above kMaxMtu, so a default queue always fits a packet.

@@ -79,6 +79,9 @@ inline constexpr int kMaxNodes = 250;
 inline constexpr std::size_t kMaxPlaneNameChars = 12;
 inline constexpr int kMinMtu = 1280;
 inline constexpr int kMaxMtu = 65000;
+inline constexpr double kMaxLinkDelayUs = 10e6;  // 10 s, for delay and jitter alike
+inline constexpr double kMaxRateBitsPerSec = 1e12;
+inline constexpr std::uint64_t kMaxQueueBytes = std::uint64_t{1} << 30;
 // Queue depth used when a link gives none: 50 ms at the link's rate, at least 64 KiB.
 std::uint64_t defaultQueueBytes(double rateBitsPerSec);
 

@@ -28,6 +28,8 @@ namespace meridian::routing {
 
 namespace {
 
+constexpr std::int64_t kMinRttWindowUs = 120'000'000;  // 2 minutes
+
 Result<sockaddr_in> parseEndpoint(const std::string& text) {
   auto colon = text.rfind(':');
   if (colon == std::string::npos) return invalidArgument("probe endpoint '{}' is not ip:port", text);
@@ -58,7 +60,9 @@ struct Prober::Impl {
   struct PathState {
     sockaddr_in remote{};
     std::string remoteText;
-    PathEstimator estimator;
+    // A long minimum-RTT window: congestion that lasts longer than the window would raise
+    // the minimum to the queued round trip and look like no queueing at all.
+    PathEstimator estimator{kMinRttWindowUs};
     std::uint64_t nextSeq = 1;
     Gauge* rtt = nullptr;
     Gauge* minRtt = nullptr;

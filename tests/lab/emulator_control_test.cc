@@ -95,6 +95,16 @@ TEST(EmulatorControlTest, BadRequestsAreRefusedWithAReason) {
   expectError({{"cmd", "set"}, {"plane", "wan-a"}, {"src", "east"}, {"dst", "west"}, {"change", {{"delay_us", -5}}}},
               "delay_us");
   expectError({{"cmd", "restore"}, {"plane", "wan-a"}}, "src");
+  expectError({{"cmd", 1}}, "cmd");
+  expectError({{"cmd", "set"}, {"plane", "wan-a"}, {"src", "east"}, {"dst", "west"}, {"both", "no"},
+               {"change", {{"delay_us", 1}}}},
+              "both");
+  expectError({{"cmd", "set"}, {"plane", "wan-a"}, {"src", "east"}, {"dst", "west"}, {"change", {{"delay_us", 1e17}}}},
+              "at most");
+  expectError({{"cmd", "set"}, {"plane", "wan-a"}, {"src", "east"}, {"dst", "west"}, {"change", {{"queue_bytes", 1e20}}}},
+              "at most");
+  expectError({{"cmd", "set"}, {"plane", "wan-a"}, {"src", "east"}, {"dst", "west"}, {"change", {{"rate_bps", 1e-9}}}},
+              "rate_bps");
   // Nothing above changed a link.
   auto s = emu.handle({{"cmd", "status"}});
   EXPECT_DOUBLE_EQ((*findLink(s, "east", "west"))["delay_us"].get<double>(), 20'000);

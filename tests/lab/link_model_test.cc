@@ -100,7 +100,7 @@ TEST(LinkModelTest, ACutLinkDropsEverythingUntilRestored) {
   for (int i = 0; i < 100; ++i) EXPECT_FALSE(m.admit(i * kMs, 100));
   EXPECT_EQ(m.counters().lossDrops, 100u);
   p.cut = false;
-  m.configure(p);
+  m.configure(p, 100 * kMs);
   EXPECT_TRUE(m.admit(200 * kMs, 100));
 }
 
@@ -138,13 +138,34 @@ TEST(LinkModelTest, JitterSpreadsDelayButKeepsOrder) {
 TEST(LinkModelTest, LiveChangesApplyToNewPackets) {
   LinkModel m(params(10'000, 0), 1);
   EXPECT_EQ(*m.admit(0, 100), 10 * kMs);
-  m.configure(params(50'000, 0));
+  m.configure(params(50'000, 0), 50 * kMs);
   EXPECT_EQ(*m.admit(100 * kMs, 100), 150 * kMs);
   // Shortening the delay never lets a packet overtake one already in flight.
-  m.configure(params(1'000, 0));
+  m.configure(params(1'000, 0), 100 * kMs);
   auto early = m.admit(100 * kMs + 1, 100);
   ASSERT_TRUE(early);
   EXPECT_EQ(*early, 150 * kMs);
+}
+
+TEST(LinkModelTest, ARateChangeDrainsTheQueuedBytesAtTheNewRate) {
+  LinkModel m(params(0, 8e6, 1'000'000), 1);  // 1000-byte packets take 1 ms
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(m.admit(0, 1000));
+  EXPECT_EQ(m.backlogBytes(0), 100'000u);
+  m.configure(params(0, 800e6, 1'000'000), 0);  // 100x faster: the same bytes, drained in 1 ms
+  EXPECT_EQ(m.backlogBytes(0), 100'000u);
+  EXPECT_EQ(m.backlogBytes(500'000), 50'000u);
+  auto next = m.admit(0, 1000);
+  ASSERT_TRUE(next) << "a faster link does not suddenly look full";
+  // It leaves the limiter after the queued bytes (1.01 ms) but is delivered after the last
+  // packet accepted at the old rate: packets never overtake each other.
+  EXPECT_EQ(*next, 100 * kMs);
+  EXPECT_EQ(m.backlogBytes(0), 101'000u);
+  // Slower again: the queue limit holds in bytes.
+  m.configure(params(0, 8e6, 150'000), 0);
+  std::uint64_t accepted = 0;
+  while (m.admit(0, 1000)) ++accepted;
+  EXPECT_LE(m.backlogBytes(0), 150'000u);
+  EXPECT_EQ(accepted, 150'000u / 1000 - 101);
 }
 
 TEST(LinkModelTest, TimeScaleShrinksDelayAndJitterOnly) {

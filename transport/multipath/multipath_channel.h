@@ -42,8 +42,9 @@ struct MultipathConfig {
   std::int64_t pathStallUs = 3'000'000;
   std::uint64_t maxUnexpectedBytes = 1ull << 30;
   std::string deviceName = "0";                    // metrics label
-  // false (MERIDIAN_ROUTING=static): chunks are spread evenly over the live paths, whatever
-  // their measured rates and weights, as a fixed striping would.
+  // false (MERIDIAN_ROUTING=static): measured rates and routing's weights are ignored; each
+  // chunk goes to the live path with the fewest bytes in flight (so striping is still
+  // clocked by acknowledgements, as with fixed striping over TCP, but never re-weighted).
   bool adaptive = true;
 };
 
