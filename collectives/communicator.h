@@ -61,9 +61,9 @@ struct CommOptions {
   // Store keys of this communicator live under this prefix; communicators created in the
   // same order on every rank may share a store and a prefix.
   std::string storePrefix = "meridian/comm";
-  // Routing: "adaptive" or "static" (empty: MERIDIAN_ROUTING). Static ignores measured rates
-  // and congestion (each chunk to the live path with the fewest bytes in flight); adaptive
-  // follows measured rates and congestion. Probing runs in both (the figures are wanted either way) unless probe=false.
+  // Routing: "adaptive" or "static" (empty: MERIDIAN_ROUTING). Static stripes evenly over
+  // the live paths whatever their rates and congestion; adaptive follows measured rates and
+  // congestion. Probing runs in both (the figures are wanted either way) unless probe=false.
   std::string routing;
   bool probe = true;
   std::chrono::milliseconds probeInterval{0};  // 0: MERIDIAN_PROBE_INTERVAL_MS

@@ -96,3 +96,41 @@ TEST(RateEstimatorTest, IgnoresIdleTime) {
 
 }  // namespace
 }  // namespace meridian::transport
+
+namespace meridian::transport {
+namespace {
+
+TEST(PickPathEvenlyTest, GivesEveryLivePathTheSameShareWhateverItsRate) {
+  std::vector<PathLoad> paths(3);
+  for (auto& p : paths) {
+    p.usable = true;
+    p.windowBytes = 1000;
+  }
+  paths[0].rateBytesPerSec = 1e9;
+  paths[1].rateBytesPerSec = 1e3;  // a crawling path still gets its share
+  paths[2].usable = false;
+  std::vector<std::uint64_t> assigned{0, 0, 0};
+  std::vector<int> count(3, 0);
+  for (int i = 0; i < 100; ++i) {
+    auto c = pickPathEvenly(paths, assigned, 100);
+    ASSERT_TRUE(c.has_value());
+    ASSERT_TRUE(c->hasRoom);
+    assigned[c->path] += 100;
+    ++count[c->path];
+  }
+  EXPECT_EQ(count[0], 50);
+  EXPECT_EQ(count[1], 50);
+  EXPECT_EQ(count[2], 0) << "a dead path gets nothing";
+  // The chosen path's full window makes the chunk wait rather than go elsewhere.
+  paths[1].queuedBytes = 950;
+  assigned = {500, 100, 0};
+  auto c = pickPathEvenly(paths, assigned, 100);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->path, 1u);
+  EXPECT_FALSE(c->hasRoom);
+  paths[0].usable = paths[1].usable = false;
+  EXPECT_FALSE(pickPathEvenly(paths, assigned, 100).has_value());
+}
+
+}  // namespace
+}  // namespace meridian::transport

@@ -67,7 +67,7 @@ struct MultipathChannel::PathState {
   std::atomic<double> rateBytesPerSec{0};
   std::atomic<double> weight{1.0};
   std::atomic<bool> rerate{false};  // routing raised the weight: restart the rate estimate
-  std::int64_t lastAssignUs = 0;    // when the path last got a chunk (exploration)
+  std::uint64_t assignedBytes = 0;  // every byte ever assigned (static striping's split)
   Counter* bytesSent;
   Counter* chunksSent;
   Counter* chunksResent;
@@ -298,6 +298,12 @@ void MultipathChannel::drainPosted() {
   }
 }
 
+std::span<const std::uint64_t> MultipathChannel::assignedTotals() {
+  assigned_.resize(paths_.size());
+  for (std::size_t i = 0; i < paths_.size(); ++i) assigned_[i] = paths_[i]->assignedBytes;
+  return assigned_;
+}
+
 void MultipathChannel::schedule(std::int64_t nowUs) {
   if (sending_.empty()) return;
   std::vector<PathLoad>& loads = loads_;  // reused: no allocation on the data path
@@ -340,14 +346,15 @@ void MultipathChannel::schedule(std::int64_t nowUs) {
         continue;
       }
       std::uint64_t len = msg->chunkWireBytes(i);
-      auto choice = pickPath(loads, len);
-      if (!choice || !choice->hasRoom) return;  // nothing usable, or wait for the best path to drain
+      auto choice = config_.adaptive ? pickPath(loads, len) : pickPathEvenly(loads, assignedTotals(), len);
+      if (!choice || !choice->hasRoom) return;  // nothing usable, or wait for the chosen path to drain
       PathState& p = *paths_[choice->path];
       if (p.unackedBytes == 0) {
         p.rate.onBusy(nowUs);
         p.lastProgressUs = nowUs;
       }
       p.unackedBytes += len;
+      p.assignedBytes += len;
       loads[choice->path].queuedBytes = p.unackedBytes;
       msg->state[i] = ChunkState::kAssigned;
       msg->assignedPath[i] = static_cast<std::uint8_t>(choice->path);

@@ -42,9 +42,9 @@ struct MultipathConfig {
   std::int64_t pathStallUs = 3'000'000;
   std::uint64_t maxUnexpectedBytes = 1ull << 30;
   std::string deviceName = "0";                    // metrics label
-  // false (MERIDIAN_ROUTING=static): measured rates and routing's weights are ignored; each
-  // chunk goes to the live path with the fewest bytes in flight (so striping is still
-  // clocked by acknowledgements, as with fixed striping over TCP, but never re-weighted).
+  // false (MERIDIAN_ROUTING=static): fixed even striping, as NCCL splits over several NICs:
+  // every live path gets the same share of the bytes whatever its rate or weight, and a
+  // chunk waits for its path's window rather than move to another path.
   bool adaptive = true;
 };
 
@@ -174,6 +174,8 @@ class MultipathChannel : public Channel, public std::enable_shared_from_this<Mul
 
   // Progress-thread state: sending.
   std::vector<PathLoad> loads_;  // scratch for schedule()
+  std::vector<std::uint64_t> assigned_;  // scratch for static striping
+  std::span<const std::uint64_t> assignedTotals();
   std::uint64_t drainedSendSeqEnd_ = 0;  // every seq below this was taken into sending_
   std::deque<std::shared_ptr<OutMessage>> sending_;
   std::unordered_map<std::uint64_t, std::shared_ptr<OutMessage>> sendingBySeq_;

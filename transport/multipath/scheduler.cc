@@ -21,6 +21,21 @@ std::optional<PathChoice> pickPath(std::span<const PathLoad> paths, std::uint64_
   return best;
 }
 
+std::optional<PathChoice> pickPathEvenly(std::span<const PathLoad> paths, std::span<const std::uint64_t> assignedBytes,
+                                         std::uint64_t chunkBytes) {
+  std::optional<PathChoice> best;
+  std::uint64_t fewest = 0;
+  for (std::size_t i = 0; i < paths.size() && i < assignedBytes.size(); ++i) {
+    const PathLoad& p = paths[i];
+    if (!p.usable) continue;
+    if (!best || assignedBytes[i] < fewest) {
+      fewest = assignedBytes[i];
+      best = PathChoice{i, p.queuedBytes + chunkBytes <= p.windowBytes || p.queuedBytes == 0};
+    }
+  }
+  return best;
+}
+
 void RateEstimator::onBusy(std::int64_t nowUs) {
   if (intervalStartUs_ < 0) {
     intervalStartUs_ = nowUs;

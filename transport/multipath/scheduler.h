@@ -28,6 +28,12 @@ struct PathChoice {
 // nullopt when no path is usable.
 std::optional<PathChoice> pickPath(std::span<const PathLoad> paths, std::uint64_t chunkBytes);
 
+// Static striping: the usable path that has been assigned the fewest bytes so far
+// (`assignedBytes[i]`), whatever its rate; hasRoom says whether its window takes the chunk
+// now. Ties go to the lower index. nullopt when no path is usable.
+std::optional<PathChoice> pickPathEvenly(std::span<const PathLoad> paths, std::span<const std::uint64_t> assignedBytes,
+                                         std::uint64_t chunkBytes);
+
 // Delivery rate from acknowledged bytes, sampled over busy intervals of at least
 // `minIntervalUs` and smoothed with an EWMA. Times in microseconds.
 class RateEstimator {
