@@ -225,8 +225,7 @@ Status Communicator::startRouting(Store& store, const std::string& base, const C
   std::vector<std::string> endpoints;
   if (opts.probe && size_ > 1) {
     routing::ProberOptions po;
-    po.localAddresses = opts.localAddresses;
-    for (auto& a : po.localAddresses) a = a.substr(0, a.find(':'));  // "ip:port" picks the data port only
+    po.localAddresses = withoutPorts(opts.localAddresses);  // a port there is the data port
     po.interval = opts.probeInterval.count() > 0
                       ? opts.probeInterval
                       : std::chrono::milliseconds(knobInt(knobs::kProbeIntervalMs, 1, 60'000));

@@ -329,4 +329,9 @@ std::vector<std::string> localPathAddresses(const LaunchInfo& info) {
   return paths;
 }
 
+std::vector<std::string> withoutPorts(std::vector<std::string> addresses) {
+  for (auto& a : addresses) a = a.substr(0, a.find(':'));
+  return addresses;
+}
+
 }  // namespace meridian::collectives

@@ -55,4 +55,7 @@ std::string localAddressToward(const std::string& hostPort);
 // This rank's paths: MERIDIAN_PATHS, else the one address that reaches the store.
 std::vector<std::string> localPathAddresses(const LaunchInfo& info);
 
+// The addresses alone: "ip:port" (a path naming its data port) becomes "ip".
+std::vector<std::string> withoutPorts(std::vector<std::string> addresses);
+
 }  // namespace meridian::collectives

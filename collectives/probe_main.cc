@@ -182,8 +182,7 @@ int run(int argc, char** argv) {
   session = std::stoull(std::string(sessionBytes->begin(), sessionBytes->end()));
 
   routing::ProberOptions po;
-  po.localAddresses = localPathAddresses(info.value());
-  for (auto& a : po.localAddresses) a = a.substr(0, a.find(':'));  // "ip:port" names a data port
+  po.localAddresses = withoutPorts(localPathAddresses(info.value()));  // a port there is a data port
   po.interval = std::chrono::milliseconds(knobInt(knobs::kProbeIntervalMs, 1, 60'000));
   po.secret = secret;
   po.sessionId = session;

@@ -43,7 +43,7 @@ bool processAlive(int pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == 
 bool isLabProcess(int pid) {
   std::ifstream f(fmt::format("/proc/{}/cmdline", pid), std::ios::binary);
   std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  return cmd.find("meridian-lab") != std::string::npos || cmd.find("lab_") != std::string::npos;
+  return cmd.find("meridian-lab") != std::string::npos;
 }
 
 // Sends SIGTERM, waits up to `grace`, then SIGKILL.

@@ -67,7 +67,6 @@ struct MultipathChannel::PathState {
   std::atomic<double> rateBytesPerSec{0};
   std::atomic<double> weight{1.0};
   std::atomic<bool> rerate{false};  // routing raised the weight: restart the rate estimate
-  std::uint64_t assignedBytes = 0;  // every byte ever assigned (static striping's split)
   Counter* bytesSent;
   Counter* chunksSent;
   Counter* chunksResent;
@@ -256,7 +255,10 @@ void MultipathChannel::setPathWeights(std::span<const double> weights) {
     const double w = weights[i] > kMinPathWeight ? weights[i] : kMinPathWeight;
     // A path routing trusts more again starts from an optimistic rate: the estimate it has
     // was measured while it was avoided (few samples, or congested ones).
-    if (w > paths_[i]->weight.exchange(w, std::memory_order_relaxed)) paths_[i]->rerate.store(true);
+    if (w > paths_[i]->weight.exchange(w, std::memory_order_relaxed)) {
+      paths_[i]->rerate.store(true, std::memory_order_relaxed);
+      rerateAny_.store(true, std::memory_order_release);
+    }
   }
 }
 
@@ -298,24 +300,19 @@ void MultipathChannel::drainPosted() {
   }
 }
 
-std::span<const std::uint64_t> MultipathChannel::assignedTotals() {
-  assigned_.resize(paths_.size());
-  for (std::size_t i = 0; i < paths_.size(); ++i) assigned_[i] = paths_[i]->assignedBytes;
-  return assigned_;
-}
-
 void MultipathChannel::schedule(std::int64_t nowUs) {
   if (sending_.empty()) return;
   std::vector<PathLoad>& loads = loads_;  // reused: no allocation on the data path
   loads.resize(paths_.size());
   bool anyUsable = false;
-  if (config_.adaptive) {
+  if (config_.adaptive && rerateAny_.exchange(false, std::memory_order_relaxed)) {
     double best = 0;
     for (const auto& p : paths_) best = std::max(best, p->rate.bytesPerSec());
     for (auto& p : paths_) {
       if (p->rerate.exchange(false, std::memory_order_relaxed)) p->rate.reset(std::max(best, p->rate.bytesPerSec()));
     }
   }
+  if (!config_.adaptive) assignedBytes_.resize(paths_.size());
   for (std::size_t i = 0; i < paths_.size(); ++i) {
     const PathState& p = *paths_[i];
     // Static striping sees every path alike; adaptive scheduling, the measured rate and
@@ -346,7 +343,7 @@ void MultipathChannel::schedule(std::int64_t nowUs) {
         continue;
       }
       std::uint64_t len = msg->chunkWireBytes(i);
-      auto choice = config_.adaptive ? pickPath(loads, len) : pickPathEvenly(loads, assignedTotals(), len);
+      auto choice = config_.adaptive ? pickPath(loads, len) : pickPathEvenly(loads, assignedBytes_, len);
       if (!choice || !choice->hasRoom) return;  // nothing usable, or wait for the chosen path to drain
       PathState& p = *paths_[choice->path];
       if (p.unackedBytes == 0) {
@@ -354,7 +351,7 @@ void MultipathChannel::schedule(std::int64_t nowUs) {
         p.lastProgressUs = nowUs;
       }
       p.unackedBytes += len;
-      p.assignedBytes += len;
+      if (!config_.adaptive) assignedBytes_[choice->path] += len;
       loads[choice->path].queuedBytes = p.unackedBytes;
       msg->state[i] = ChunkState::kAssigned;
       msg->assignedPath[i] = static_cast<std::uint8_t>(choice->path);

@@ -174,8 +174,8 @@ class MultipathChannel : public Channel, public std::enable_shared_from_this<Mul
 
   // Progress-thread state: sending.
   std::vector<PathLoad> loads_;  // scratch for schedule()
-  std::vector<std::uint64_t> assigned_;  // scratch for static striping
-  std::span<const std::uint64_t> assignedTotals();
+  std::vector<std::uint64_t> assignedBytes_;  // static striping: bytes ever assigned per path
+  std::atomic<bool> rerateAny_{false};         // some path's weight went up (setPathWeights)
   std::uint64_t drainedSendSeqEnd_ = 0;  // every seq below this was taken into sending_
   std::deque<std::shared_ptr<OutMessage>> sending_;
   std::unordered_map<std::uint64_t, std::shared_ptr<OutMessage>> sendingBySeq_;
