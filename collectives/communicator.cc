@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <span>
 #include <string_view>
@@ -267,11 +268,55 @@ Status Communicator::startRouting(Store& store, const std::string& base, const C
     return invalidArgument("MERIDIAN_ALGO=hierarchical needs every rank's MERIDIAN_REGION, at least 2 regions, "
                            "and the same number of ranks in each");
   }
+  if (size_ > 1) {
+    planSync_ = std::make_unique<PlanSync>(rank_, size_, channels_,
+                                           opts.planCheckpointOps > 0 ? opts.planCheckpointOps : 1024);
+    RoutingControlOptions rc;
+    rc.linkStateInterval = std::chrono::milliseconds(knobInt(knobs::kLinkStateIntervalMs, 10, 3'600'000));
+    rc.replanInterval = std::chrono::milliseconds(knobInt(knobs::kReplanIntervalMs, 0, 86'400'000));
+    rc.chaosInterval = opts.chaosReplan.count() >= 0
+                           ? opts.chaosReplan
+                           : std::chrono::milliseconds(knobInt(knobs::kChaosReplanMs, 0, 86'400'000));
+    rc.adaptive = adaptive_;
+    rc.regionNames = regionNames_;
+    control_ = std::make_unique<RoutingControl>(rank_, size_, channels_, monitor_.get(), planSync_.get(), rc);
+    control_->start();
+  }
   if (hierarchy_) {
-    MLOG_INFO(kCollectives, "{} regions of {} ranks: large allreduces run {}", hierarchy_->groups.size(),
-              hierarchy_->groups.front().size(), algo_ == "hierarchical" ? "hierarchically" : "as a flat ring");
+    MLOG_INFO(kCollectives, "{} regions of {} ranks{}", hierarchy_->groups.size(), hierarchy_->groups.front().size(),
+              algo_ == "hierarchical" ? ": large allreduces run hierarchically" : "");
   }
   return Status::ok();
+}
+
+PlanInForce Communicator::plan() const { return planSync_ ? planSync_->inForce() : PlanInForce{}; }
+
+routing::LinkStateTable Communicator::linkState() const {
+  return control_ ? control_->table() : routing::LinkStateTable(size_);
+}
+
+routing::RegionAssignment Communicator::regions() const {
+  return control_ ? control_->regions() : routing::RegionAssignment{};
+}
+
+Status Communicator::proposePlan(routing::PlanTable table, std::string reason) {
+  if (!planSync_) return invalidArgument("a communicator of one rank has nothing to plan");
+  if (rank_ != 0) return invalidArgument("only rank 0 publishes plans (this is rank {})", rank_);
+  if (table.plans.empty() || table.plans.size() != table.classBytes.size() ||
+      table.plans.size() > routing::kMaxPlanClasses ||
+      std::adjacent_find(table.classBytes.begin(), table.classBytes.end(), std::greater_equal<>()) !=
+          table.classBytes.end()) {
+    return invalidArgument("plan table: {} classes, {} plans (want 1..{}, equal, sizes increasing)",
+                           table.classBytes.size(), table.plans.size(), routing::kMaxPlanClasses);
+  }
+  for (const auto& p : table.plans) MERIDIAN_RETURN_IF_ERROR(routing::validatePlan(p, size_));
+  planSync_->propose(std::make_shared<const routing::PlanTable>(std::move(table)), std::move(reason));
+  return Status::ok();
+}
+
+Status Communicator::forceReplan(std::uint64_t seed) {
+  if (!control_) return invalidArgument("a communicator of one rank has nothing to plan");
+  return control_->forceReplan(seed);
 }
 
 std::optional<Hierarchy> hierarchyFromRegions(const std::vector<std::string>& names) {
@@ -310,6 +355,7 @@ std::vector<routing::PathEvent> Communicator::pathEvents() const {
 }
 
 void Communicator::abortTransport(const Status& why) {
+  if (control_) control_->stop();  // it reads the monitor and sends on the channels
   {
     std::unique_ptr<routing::PathMonitor> monitor;
     {
@@ -432,8 +478,15 @@ void Communicator::execute(Op& op) {
     ctx.tracker = &opRequests_;
     ctx.segmentBytes = segmentBytes_;
     std::erase_if(deferred_, [](const transport::RequestPtr& r) { return r->done(); });
+    std::shared_ptr<const routing::PlanTable> plans;
     try {
-      st = op.body(ctx, *op.work);
+      if (isCollective(op.kind) && planSync_) {
+        auto inForce = planSync_->atCollective(op.collSeq, ctx.deadline, meanOpSec_);
+        if (inForce.isOk()) plans = std::move(inForce).value();
+        st = inForce.status();
+      }
+      ctx.plans = plans.get();
+      if (st.isOk()) st = op.body(ctx, *op.work);
     } catch (const std::exception& e) {
       st = internalError("{} threw: {}", kOpNames[static_cast<std::size_t>(op.kind)], e.what());
     }
@@ -447,7 +500,9 @@ void Communicator::execute(Op& op) {
   }
   const auto k = static_cast<std::size_t>(op.kind);
   if (st.isOk()) {
-    metrics_->latency[k][sizeClass(op.bytes)]->observe(std::chrono::duration<double>(Clock::now() - start).count());
+    const double sec = std::chrono::duration<double>(Clock::now() - start).count();
+    if (isCollective(op.kind)) meanOpSec_ = meanOpSec_ == 0 ? sec : 0.9 * meanOpSec_ + 0.1 * sec;
+    metrics_->latency[k][sizeClass(op.bytes)]->observe(sec);
     metrics_->bytes[k]->add(op.bytes);
   } else {
     metrics_->errors[k]->add();

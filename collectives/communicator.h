@@ -35,6 +35,8 @@
 #include <vector>
 
 #include "collectives/algorithms/algorithm.h"
+#include "collectives/plan_sync.h"
+#include "collectives/routing_control.h"
 #include "collectives/store.h"
 #include "collectives/work.h"
 #include "core/clock.h"
@@ -69,6 +71,10 @@ struct CommOptions {
   std::chrono::milliseconds probeInterval{0};  // 0: MERIDIAN_PROBE_INTERVAL_MS
   std::string algo;                            // allreduce algorithm; empty: MERIDIAN_ALGO
   std::string region;                          // empty: MERIDIAN_REGION (may stay empty)
+  // Plan checkpoints at most this many collectives apart (0: 1024); 1 makes every
+  // collective a checkpoint (tests of plan switching).
+  std::size_t planCheckpointOps = 0;
+  std::chrono::milliseconds chaosReplan{-1};  // < 0: MERIDIAN_CHAOS_REPLAN_MS; 0: off
 };
 
 // Ranks grouped by region name in rank order (regions by first appearance); none when a
@@ -108,6 +114,18 @@ class Communicator {
   bool adaptiveRouting() const { return adaptive_; }
   // The region groups large allreduces run hierarchically over (none: flat).
   const std::optional<Hierarchy>& hierarchy() const { return hierarchy_; }
+  // The collective plan in force (epoch 0 and no table: the built-in choice, before the
+  // first plan or with static routing).
+  PlanInForce plan() const;
+  // Every rank's latest row of the link-state table (empty rows without routing).
+  routing::LinkStateTable linkState() const;
+  // Regions as routing sees them (named, or inferred from RTTs).
+  routing::RegionAssignment regions() const;
+  // Rank 0: publish a random valid plan (routing::randomPlan) at the next checkpoint.
+  Status forceReplan(std::uint64_t seed);
+  // Rank 0: publish `table` (every plan must fit this communicator) at the next checkpoint;
+  // with adaptive routing the planner replaces it once it predicts a better one.
+  Status proposePlan(routing::PlanTable table, std::string reason);
   // The paths of the channel to `peer` with their counters and weights (empty for this
   // rank, a bad rank, or once the communicator broke).
   std::vector<transport::PathStats> peerPathStats(int peer) const;
@@ -202,6 +220,10 @@ class Communicator {
 
   std::unique_ptr<Owned> owned_;
   ScratchArena scratch_;  // declared before the device: freed after every channel closed
+  // Also before the device: they own the buffers of posted control receives.
+  std::unique_ptr<PlanSync> planSync_;
+  std::unique_ptr<RoutingControl> control_;
+  double meanOpSec_ = 0;  // recent collective durations (op thread), spaces plan checkpoints
   std::unique_ptr<transport::tcp::TcpDevice> device_;
   std::vector<transport::ChannelPtr> channels_;  // [rank]; [rank_] is null; cleared on abort
   // After the channels: it hands them weights from its own thread, so it goes first.

@@ -77,30 +77,22 @@ Status argsReduce(const void* send, const void* recv, std::size_t count, DataTyp
 Communicator::Body Communicator::allreduceBody(const void* send, void* recv, std::size_t count, DataType dtype,
                                                 ReduceOp op) {
   const std::size_t small = smallBytes_;
-  // The choice depends only on what every rank knows alike (size, knobs, region names), so
-  // every rank runs the same algorithm.
-  const bool large = count * kernels::dataTypeSize(dtype) > small;
+  const std::size_t bytes = count * kernels::dataTypeSize(dtype);
   const Hierarchy* hier = hierarchy_ ? &*hierarchy_ : nullptr;
-  enum class Algo { kRecursiveDoubling, kRing, kHierarchical } algo;
-  if (algo_ == "ring") {
-    algo = Algo::kRing;
-  } else if (algo_ == "recursive_doubling") {
-    algo = Algo::kRecursiveDoubling;
-  } else if (algo_ == "hierarchical") {
-    algo = hier != nullptr ? Algo::kHierarchical : Algo::kRing;
-  } else {
-    // Not hierarchical by default yet: in the three-region lab it sends 20% fewer bytes
-    // across regions but runs slower than the flat ring (bench/results/routing-lab.md);
-    // the planner's cost model is to make this choice once it is calibrated.
-    algo = !large ? Algo::kRecursiveDoubling : Algo::kRing;
-  }
+  const std::string algo = algo_;
   return [=](const AlgoContext& ctx, Work&) -> Status {
     if (count == 0) return Status::ok();
+    // Chosen when the op runs: the plan in force is the same on every rank for this op
+    // (plan_sync.h); without one, the built-in choice depends only on the size and knobs.
     Status st;
-    switch (algo) {
-      case Algo::kRecursiveDoubling: st = recursiveDoublingAllreduce(ctx, send, recv, count, wireOp(op)); break;
-      case Algo::kRing: st = ringAllreduce(ctx, send, recv, count, wireOp(op)); break;
-      case Algo::kHierarchical: st = hierarchicalAllreduce(ctx, send, recv, count, wireOp(op), *hier); break;
+    if (algo == "auto" && ctx.plans != nullptr) {
+      st = plannedAllreduce(ctx, send, recv, count, wireOp(op), ctx.plans->forBytes(bytes));
+    } else if (algo == "hierarchical" && hier != nullptr) {
+      st = hierarchicalAllreduce(ctx, send, recv, count, wireOp(op), *hier);
+    } else if (algo == "recursive_doubling" || (algo == "auto" && bytes <= small)) {
+      st = recursiveDoublingAllreduce(ctx, send, recv, count, wireOp(op));
+    } else {
+      st = ringAllreduce(ctx, send, recv, count, wireOp(op));
     }
     MERIDIAN_RETURN_IF_ERROR(st);
     return finishAvg(ctx, recv, count, op);

@@ -47,6 +47,14 @@
   X(kRouting, "MERIDIAN_ROUTING", String, "adaptive",                                              \
     "adaptive: re-plan collectives and path weights from measurements; static: never adapt.")      \
   X(kAlgo, "MERIDIAN_ALGO", String, "auto",                                                        \
-    "Allreduce algorithm: auto, ring, recursive_doubling or hierarchical (by region).")
+    "Allreduce algorithm: auto (the planner's choice once links are measured), ring, "             \
+    "recursive_doubling or hierarchical (by region).")                                              \
+  X(kLinkStateIntervalMs, "MERIDIAN_LINK_STATE_INTERVAL_MS", Int, "1000",                          \
+    "Period at which every rank sends its row of the link-state table to the others, in "          \
+    "milliseconds.")                                                                                \
+  X(kReplanIntervalMs, "MERIDIAN_REPLAN_INTERVAL_MS", Int, "5000",                                 \
+    "Least time between two collective re-plans by rank 0, in milliseconds.")                      \
+  X(kChaosReplanMs, "MERIDIAN_CHAOS_REPLAN_MS", Int, "0",                                          \
+    "Testing: rank 0 forces a random valid plan this often, in milliseconds (0: never).")
 
 namespace meridian {}  // keeps this header a valid translation unit on its own

@@ -9,6 +9,7 @@
 #include <limits>
 #include <numeric>
 #include <optional>
+#include <random>
 #include <utility>
 
 #include <fmt/format.h>
@@ -152,11 +153,22 @@ double hierarchicalSec(const NetworkView& v, const std::vector<std::vector<int>>
     total += 2.0 * (gd - 1.0) * intra;
   }
   if (groups.size() > 1) {
+    const double shard = bytes / (gd * rd);
     double step = 0;
-    for (std::size_t i = 0; i < g; ++i) {
-      step = std::max(step, ringBottleneck(v, crossRing(groups, cross, i), bytes / (gd * rd)).sec);
+    if (groups.size() <= kDirectCrossMaxRegions) {
+      // Direct exchange: the i-th ranks of every two groups trade one shard each way at once.
+      for (std::size_t i = 0; i < g; ++i) {
+        for (const auto& from : groups) {
+          for (const auto& to : groups) {
+            if (&from != &to) step = std::max(step, linkSec(v, from[i], to[i], shard));
+          }
+        }
+      }
+      total += 2.0 * step;
+    } else {
+      for (std::size_t i = 0; i < g; ++i) step = std::max(step, ringBottleneck(v, crossRing(groups, cross, i), shard).sec);
+      total += 2.0 * (rd - 1.0) * step;
     }
-    total += 2.0 * (rd - 1.0) * step;
   }
   return total;
 }
@@ -859,6 +871,61 @@ PlanTable planAll(const NetworkView& view) {
     table.plans.push_back(planFor(view, hubs, b));
   }
   return table;
+}
+
+Status validatePlan(const Plan& plan, int ranks) {
+  if (ranks < 1) return invalidArgument("plan for {} ranks", ranks);
+  auto orderOk = [&](const std::vector<int>& order, int n, const char* what) -> Status {
+    if (order.empty() || isPermutation(order, n)) return Status::ok();
+    return invalidArgument("plan: {} of {} entries is not a permutation of 0..{}", what, order.size(), n - 1);
+  };
+  switch (plan.algorithm) {
+    case Algorithm::kRing:
+    case Algorithm::kHalvingDoubling:
+      return orderOk(plan.ringOrder, ranks, "rank order");
+    case Algorithm::kTree:
+    case Algorithm::kParameterServer:
+      if (plan.root < 0 || plan.root >= ranks) return invalidArgument("plan: root {} outside 0..{}", plan.root, ranks - 1);
+      return orderOk(plan.ringOrder, ranks, "rank order");
+    case Algorithm::kHierarchical: {
+      if (plan.groups.size() < 2) return invalidArgument("plan: hierarchical with {} groups (want >= 2)", plan.groups.size());
+      const std::size_t g = plan.groups.front().size();
+      std::vector<int> all;
+      for (const auto& grp : plan.groups) {
+        if (grp.empty() || grp.size() != g) return invalidArgument("plan: hierarchical groups must be non-empty and equal");
+        all.insert(all.end(), grp.begin(), grp.end());
+      }
+      if (!isPermutation(all, ranks)) return invalidArgument("plan: hierarchical groups must hold each of {} ranks once", ranks);
+      return orderOk(plan.crossOrder, static_cast<int>(plan.groups.size()), "cross order");
+    }
+  }
+  return invalidArgument("plan: unknown algorithm {}", static_cast<int>(plan.algorithm));
+}
+
+Plan randomPlan(const NetworkView& view, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const int n = view.ranks;
+  auto shuffled = [&](int count) {
+    std::vector<int> o = identityOrder(count);
+    std::shuffle(o.begin(), o.end(), rng);
+    return o;
+  };
+  std::vector<Algorithm> choices{Algorithm::kRing, Algorithm::kHalvingDoubling, Algorithm::kTree,
+                                 Algorithm::kParameterServer};
+  std::optional<Plan> hier = hierarchicalPlan(view, std::size_t{1} << 20);  // only its groups are used
+  if (hier) choices.push_back(Algorithm::kHierarchical);
+  Plan plan;
+  plan.algorithm = choices[std::uniform_int_distribution<std::size_t>(0, choices.size() - 1)(rng)];
+  plan.reason = fmt::format("random {} (seed {})", algorithmName(plan.algorithm), seed);
+  if (plan.algorithm == Algorithm::kHierarchical) {
+    plan.groups = std::move(hier->groups);
+    for (auto& grp : plan.groups) std::shuffle(grp.begin(), grp.end(), rng);
+    plan.crossOrder = shuffled(static_cast<int>(plan.groups.size()));
+  } else {
+    plan.ringOrder = shuffled(n);
+    plan.root = std::uniform_int_distribution<int>(0, n - 1)(rng);
+  }
+  return plan;
 }
 
 Status validate(const NetworkView& view) {

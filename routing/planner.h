@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -73,10 +74,14 @@ struct Plan {
 //    the reduce (m = 1, 2, 4, ...), and receive from it for the broadcast (m descending); each
 //    round costs its slowest such link at B.
 //  - kHierarchical: R groups of g ranks. Reduce-scatter around each region's ring, allreduce of
-//    the resulting B/g shard across regions on each local-index ring (all g rings at once), then
-//    allgather around each region's ring:
+//    the resulting B/g shard across regions between the ranks of each local index (all g at
+//    once), then allgather around each region's ring:
 //      2(g-1) * max over groups of (ring step of the group at B/g)
-//    + 2(R-1) * max over local indices of (ring step of the cross ring at B/(g*R)).
+//    + the cross step. Up to kDirectCrossMaxRegions regions it is a direct exchange (each rank
+//    sends its R-1 peers their B/(g*R) piece, reduces its own, sends it back to all):
+//      2 * max over local indices i and group pairs a != b of t(a_i -> b_i, B/(g*R));
+//    beyond, a ring over the groups in crossOrder:
+//      2(R-1) * max over local indices of (ring step of the cross ring at B/(g*R)).
 //  - kParameterServer: every rank sends its whole vector to the hub h, which reduces and sends
 //    the result back: max over j of t(j->h, B) + max over j of t(h->j, B). Bounded by the hub's
 //    own links only, which is why choosePlan only offers it when the hub is much better
@@ -84,6 +89,23 @@ struct Plan {
 // One rank costs 0 whatever the plan. A plan that does not fit the view (an order that is not a
 // permutation, a root out of range, unequal or incomplete groups) is a caller bug: CheckError.
 double predictSeconds(const NetworkView& view, const Plan& plan, std::size_t bytes);
+
+// Up to this many regions the hierarchical cross-region step is a direct exchange: it uses
+// every region pair's link at once and waits for one latency per phase, where a ring would
+// use R of the R(R-1) directed links for 2(R-1) steps. Beyond it, each rank's R-1
+// concurrent flows would share its NIC too thinly for the independent-links model to hold.
+inline constexpr std::size_t kDirectCrossMaxRegions = 8;
+
+// Whether `plan` fits `ranks` ranks (orders are permutations, roots in range, hierarchical
+// groups of equal size >= 1 holding every rank once, at least 2 of them, cross order a
+// permutation of the groups): invalidArgument saying what is wrong. For plans from the
+// wire; predictSeconds and the executors take a plan that passed.
+Status validatePlan(const Plan& plan, int ranks);
+
+// A valid plan picked at random among every algorithm that applies to `view` (random
+// orders, roots, hubs, group rotations and cross orders): what forced re-plans use to prove
+// that any plan the planner might publish runs correctly. Deterministic for a seed.
+Plan randomPlan(const NetworkView& view, std::uint64_t seed);
 
 // Bottleneck ring steps within this fraction of the best found count as equal (measured rates
 // are EWMA estimates; a few percent is noise), so that the tie goes to the ring with the

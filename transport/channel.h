@@ -35,6 +35,12 @@ struct PathStats {
   double weight = 1.0;  // routing's preference (setPathWeights)
 };
 
+// Tags with bit 62 set and bit 63 clear are background tags: control traffic whose receives
+// stay posted for the channel's life. A peer closing gracefully while only such receives
+// are waiting is a normal end, not an error (the receives still fail, quietly).
+inline constexpr std::uint64_t kBackgroundTagBit = std::uint64_t{1} << 62;
+constexpr bool isBackgroundTag(std::uint64_t tag) { return (tag >> 62) == 1; }
+
 class Channel {
  public:
   virtual ~Channel() = default;

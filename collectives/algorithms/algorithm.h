@@ -14,6 +14,7 @@
 #include "core/clock.h"
 #include "core/status.h"
 #include "kernels/types.h"
+#include "routing/planner.h"
 #include "transport/channel.h"
 #include "transport/request.h"
 
@@ -71,6 +72,7 @@ struct AlgoContext {
   ScratchArena* scratch = nullptr;
   RequestTracker* tracker = nullptr;   // postSend/postRecv register here when set
   std::size_t segmentBytes = 1 << 20;  // ring / chain pipelining segment (>= elemBytes)
+  const routing::PlanTable* plans = nullptr;  // the plan in force for this collective (null: built-in)
 
   // Segment size in whole elements (at least one).
   std::size_t segmentElems() const {
@@ -80,6 +82,24 @@ struct AlgoContext {
 };
 
 inline constexpr std::uint64_t kPhasesPerOp = 256;
+
+// A context over a subset or renumbering of the ranks: member i of `members` (global ranks,
+// each at most once, including ctx.rank) plays rank i, and the sub-context's phases start at
+// `phaseOffset` inside the op's tag space. Algorithms run on it unchanged.
+class SubContext {
+ public:
+  SubContext(const AlgoContext& parent, const std::vector<int>& members, std::uint64_t phaseOffset);
+  SubContext(const SubContext&) = delete;
+  SubContext& operator=(const SubContext&) = delete;
+  // invalidArgument when a member is out of range or ctx.rank is not one of them.
+  const Status& status() const { return status_; }
+  const AlgoContext& ctx() const { return ctx_; }
+
+ private:
+  std::vector<transport::ChannelPtr> channels_;
+  AlgoContext ctx_;
+  Status status_;
+};
 
 // How far the pipelined algorithms run ahead, in segments, sized by bytes so that a tiny
 // test segment still pipelines and a long fat (cross-region) link still fills: a send
@@ -157,10 +177,29 @@ struct Hierarchy {
   std::vector<int> crossOrder;
 };
 Status validateHierarchy(const Hierarchy& h, int worldSize);
-// Reduce-scatter in each group, allreduce across groups between equal local indices,
+// Reduce-scatter in each group, allreduce across groups between equal local indices (a
+// direct exchange up to routing::kDirectCrossMaxRegions groups, else a ring in crossOrder),
 // allgather in each group (hierarchical.cc).
 Status hierarchicalAllreduce(const AlgoContext& ctx, const void* send, void* recv, std::size_t count,
                              kernels::ReduceOp op, const Hierarchy& h);
+// Allreduce as the planner's `plan` says (routing/planner.h); the plan must have passed
+// routing::validatePlan for ctx.size ranks (planned.cc):
+//  - kRing / kHalvingDoubling: ringAllreduce / recursiveDoublingAllreduce on the ranks
+//    renumbered by plan.ringOrder;
+//  - kTree: binomial reduce to plan.root and binomial broadcast back, on that numbering;
+//  - kHierarchical: hierarchicalAllreduce over plan.groups and plan.crossOrder;
+//  - kParameterServer: starAllreduce through the hub plan.root.
+Status plannedAllreduce(const AlgoContext& ctx, const void* send, void* recv, std::size_t count,
+                        kernels::ReduceOp op, const routing::Plan& plan);
+// Parameter-server allreduce: every rank streams its vector to `hub` in segments, the hub
+// reduces each segment as soon as every rank's copy arrived and streams the result back.
+Status starAllreduce(const AlgoContext& ctx, const void* send, void* recv, std::size_t count, kernels::ReduceOp op,
+                     int hub);
+// Direct-exchange allreduce for few ranks (the hierarchical cross-region step): each rank
+// sends every peer that peer's piece of `data`, reduces the pieces it got into its own, and
+// sends its reduced piece to every peer. Two rounds whatever the size, every pair's link
+// busy at once. In place in `data`.
+Status directAllreduce(const AlgoContext& ctx, std::byte* data, std::size_t count, kernels::ReduceOp op);
 Status recursiveDoublingAllreduce(const AlgoContext& ctx, const void* send, void* recv, std::size_t count,
                                   kernels::ReduceOp op);
 // send holds size * recvCount elements; rank r gets block r reduced.

@@ -137,4 +137,25 @@ Status SendQueue::waitAll() {
   return firstError_;
 }
 
+SubContext::SubContext(const AlgoContext& parent, const std::vector<int>& members, std::uint64_t phaseOffset)
+    : channels_(members.size()), ctx_(parent) {
+  ctx_.size = static_cast<int>(members.size());
+  ctx_.rank = -1;
+  ctx_.tagBase = parent.tagBase + phaseOffset;
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    const int r = members[i];
+    if (r < 0 || r >= parent.size) {
+      status_ = invalidArgument("sub-context names rank {} of {}", r, parent.size);
+      return;
+    }
+    if (r == parent.rank) {
+      ctx_.rank = static_cast<int>(i);
+    } else {
+      channels_[i] = parent.channels[static_cast<std::size_t>(r)];
+    }
+  }
+  if (ctx_.rank < 0) status_ = invalidArgument("rank {} is not in its sub-context", parent.rank);
+  ctx_.channels = channels_;
+}
+
 }  // namespace meridian::collectives

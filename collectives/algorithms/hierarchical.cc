@@ -1,11 +1,11 @@
 // Region-hierarchical allreduce (routing's kHierarchical plan): a ring reduce-scatter
-// inside each region, a ring allreduce across regions between the ranks that finished the
-// same block (same local index), and a ring allgather inside each region. Only 1/g of the
-// data crosses the slow links per rank (g = ranks per region), against 2(n-1)/n of it on
-// every hop of a flat ring.
+// inside each region, an allreduce across regions between the ranks that finished the same
+// block (same local index), and a ring allgather inside each region. Only 1/g of the data
+// crosses the slow links per rank (g = ranks per region). With few regions the cross step
+// is a direct exchange: two rounds that keep every region pair's link busy at once, where a
+// ring would use R of the R(R-1) directed links for 2(R-1) steps, each paying a WAN latency.
 //
-// The sub-rings are the ordinary ring algorithms on a sub-context: its channels are the
-// group's members' channels in ring order, so "rank i" of the sub-context is group[i].
+// The steps are the ordinary algorithms on a SubContext over the group's members.
 #include <algorithm>
 #include <cstring>
 
@@ -21,32 +21,6 @@ namespace {
 constexpr std::uint64_t kIntraPhase = 0;
 constexpr std::uint64_t kCrossPhase = 16;
 constexpr std::uint64_t kGatherPhase = 32;
-
-struct SubRing {
-  AlgoContext ctx;
-  std::vector<transport::ChannelPtr> channels;
-};
-
-// The sub-context of `members` (global ranks in ring order), which must contain ctx.rank.
-Result<SubRing> subRing(const AlgoContext& ctx, const std::vector<int>& members, std::uint64_t phase) {
-  SubRing s;
-  s.ctx = ctx;
-  s.ctx.size = static_cast<int>(members.size());
-  s.ctx.rank = -1;
-  s.ctx.tagBase = ctx.tagBase + phase;
-  s.channels.resize(members.size());
-  for (std::size_t i = 0; i < members.size(); ++i) {
-    const int r = members[i];
-    if (r < 0 || r >= ctx.size) return invalidArgument("hierarchical plan names rank {} of {}", r, ctx.size);
-    if (r == ctx.rank) {
-      s.ctx.rank = static_cast<int>(i);
-    } else {
-      s.channels[i] = ctx.channels[static_cast<std::size_t>(r)];
-    }
-  }
-  if (s.ctx.rank < 0) return invalidArgument("rank {} is not in its hierarchical group", ctx.rank);
-  return s;
-}
 
 }  // namespace
 
@@ -97,11 +71,11 @@ Status hierarchicalAllreduce(const AlgoContext& ctx, const void* send, void* rec
   // index+1, which the allgather with offset 1 sends first).
   const int finished = modRank(static_cast<long long>(myIndex) + 1, g);
   std::byte* finishedAt = out + blocks.offset(finished) * ctx.elemBytes;
-  MERIDIAN_ASSIGN_OR_RETURN(SubRing intra, subRing(ctx, group, kIntraPhase));
-  intra.ctx.channels = intra.channels;
+  const SubContext intra(ctx, group, kIntraPhase);
+  MERIDIAN_RETURN_IF_ERROR(intra.status());
   if (g > 1) {
     RingReduceScatterPass rs;
-    rs.slots = ctx.scratch->reserve(ringReduceScatterSlotBytes(intra.ctx, true));
+    rs.slots = ctx.scratch->reserve(ringReduceScatterSlotBytes(intra.ctx(), true));
     rs.src = in;
     rs.accum = out;
     rs.finalOut = finishedAt;
@@ -109,7 +83,7 @@ Status hierarchicalAllreduce(const AlgoContext& ctx, const void* send, void* rec
     rs.offset = 0;
     rs.op = op;
     rs.phase = 0;
-    MERIDIAN_RETURN_IF_ERROR(runRingReduceScatter(intra.ctx, rs));
+    MERIDIAN_RETURN_IF_ERROR(runRingReduceScatter(intra.ctx(), rs));
   } else if (in != out) {
     std::memcpy(out, in, count * ctx.elemBytes);
   }
@@ -121,16 +95,20 @@ Status hierarchicalAllreduce(const AlgoContext& ctx, const void* send, void* rec
   } else {
     for (int gi : h.crossOrder) cross.push_back(h.groups[static_cast<std::size_t>(gi)][myIndex]);
   }
-  MERIDIAN_ASSIGN_OR_RETURN(SubRing across, subRing(ctx, cross, kCrossPhase));
-  across.ctx.channels = across.channels;
+  const SubContext across(ctx, cross, kCrossPhase);
+  MERIDIAN_RETURN_IF_ERROR(across.status());
   const std::size_t blockCount = blocks.size(finished);
-  if (blockCount > 0) MERIDIAN_RETURN_IF_ERROR(ringAllreduce(across.ctx, finishedAt, finishedAt, blockCount, op));
+  if (blockCount > 0) {
+    MERIDIAN_RETURN_IF_ERROR(h.groups.size() <= routing::kDirectCrossMaxRegions
+                                 ? directAllreduce(across.ctx(), finishedAt, blockCount, op)
+                                 : ringAllreduce(across.ctx(), finishedAt, finishedAt, blockCount, op));
+  }
 
   // 3. Allgather inside the group.
   if (g > 1) {
-    MERIDIAN_ASSIGN_OR_RETURN(SubRing gather, subRing(ctx, group, kGatherPhase));
-    gather.ctx.channels = gather.channels;
-    MERIDIAN_RETURN_IF_ERROR(RingAllgather(gather.ctx, out, blocks, 1, 0).run());
+    const SubContext gather(ctx, group, kGatherPhase);
+    MERIDIAN_RETURN_IF_ERROR(gather.status());
+    MERIDIAN_RETURN_IF_ERROR(RingAllgather(gather.ctx(), out, blocks, 1, 0).run());
   }
   return Status::ok();
 }

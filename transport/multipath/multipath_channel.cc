@@ -473,7 +473,10 @@ void MultipathChannel::onPathFailed(std::size_t path, const Status& why, bool gr
   requeueChunksOf(path);
   bool anyAlive = std::any_of(paths_.begin(), paths_.end(), [](const auto& q) { return q->alive.load(); });
   if (!anyAlive) {
-    bool idle = sending_.empty() && incoming_.empty() && recvsByTag_.empty();
+    // Receives on background tags wait for messages that may never come: not outstanding work.
+    const bool idle = sending_.empty() && incoming_.empty() &&
+                      std::all_of(recvsByTag_.begin(), recvsByTag_.end(),
+                                  [](const auto& entry) { return isBackgroundTag(entry.first); });
     Status st = peerError("every path to rank {} is gone (last: {})", peerRank_, why.message());
     if (!graceful || !idle) MLOG_ERROR(kTransport, "{}", st.message());
     fail(st);

@@ -1,0 +1,257 @@
+// The routing control loop (routing_control.h).
+#include "collectives/routing_control.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "core/metrics.h"
+
+namespace meridian::collectives {
+
+namespace {
+
+constexpr auto kTick = std::chrono::milliseconds(50);
+
+Counter& replans(const char* reason) {
+  return MetricsRegistry::global().counter("meridian_routing_replans_total",
+                                           "Collective plans rank 0 published, by reason", {{"reason", reason}});
+}
+
+std::string sizeName(std::size_t bytes) {
+  if (bytes >= (std::size_t{1} << 30)) return fmt::format("{} GiB", bytes >> 30);
+  if (bytes >= (std::size_t{1} << 20)) return fmt::format("{} MiB", bytes >> 20);
+  return fmt::format("{} KiB", bytes >> 10);
+}
+
+}  // namespace
+
+RoutingControl::RoutingControl(int rank, int size, std::vector<transport::ChannelPtr> channels,
+                               routing::PathMonitor* monitor, PlanSync* sync, RoutingControlOptions options)
+    : rank_(rank),
+      size_(size),
+      channels_(std::move(channels)),
+      monitor_(monitor),
+      sync_(sync),
+      options_(std::move(options)),
+      io_(static_cast<std::size_t>(size)),
+      table_(size) {}
+
+RoutingControl::~RoutingControl() { stop(); }
+
+void RoutingControl::start() {
+  for (int p = 0; p < size_; ++p) {
+    if (p != rank_) postRowReceive(p);
+  }
+  const TimePoint now = Clock::now();
+  nextRow_ = now;
+  nextReplan_ = now;
+  nextReplanCheck_ = now;
+  nextChaos_ = now + options_.chaosInterval;
+  thread_ = std::thread([this] { loop(); });
+}
+
+void RoutingControl::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void RoutingControl::postRowReceive(int peer) {
+  PeerIo& io = io_[static_cast<std::size_t>(peer)];
+  if (io.inbox.empty()) io.inbox.resize(routing::kMaxLinkRowBytes);
+  auto req = channels_[static_cast<std::size_t>(peer)]->irecv(io.inbox.data(), io.inbox.size(), kLinkStateTag);
+  if (req.isOk()) {
+    io.recv = std::move(req).value();
+  } else {
+    io.failed = true;
+  }
+}
+
+void RoutingControl::loop() {
+  pthread_setname_np(pthread_self(), "mer-route");
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    lock.unlock();
+    tick(Clock::now());
+    lock.lock();
+    cv_.wait_for(lock, kTick, [&] { return stopping_; });
+  }
+}
+
+void RoutingControl::tick(TimePoint now) {
+  // Rows that arrived.
+  for (int p = 0; p < size_; ++p) {
+    PeerIo& io = io_[static_cast<std::size_t>(p)];
+    if (p == rank_ || io.failed || !io.recv || !io.recv->done()) continue;
+    if (!io.recv->status().isOk()) {
+      MLOG_DEBUG(kRouting, "link state from rank {} stopped: {}", p, io.recv->status().toString());
+      io.failed = true;
+      continue;
+    }
+    auto row = routing::decodeLinkRow(std::span<const std::uint8_t>(io.inbox.data(), io.recv->bytes()), size_);
+    if (row.isOk() && row.value().rank == p) {
+      std::lock_guard<std::mutex> lock(mu_);
+      (void)table_.update(std::move(row).value());
+    } else {
+      MLOG_WARN(kRouting, "rank {} sent a bad link-state row: {}", p,
+                row.isOk() ? fmt::format("it claims rank {}", row.value().rank) : row.status().toString());
+    }
+    postRowReceive(p);
+  }
+  // Our row, to everyone whose previous row has left.
+  if (now >= nextRow_) {
+    nextRow_ = now + options_.linkStateInterval;
+    routing::LinkRow row = ownRow();
+    const std::vector<std::uint8_t> bytes = routing::encodeLinkRow(row);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      (void)table_.update(std::move(row));
+    }
+    for (int p = 0; p < size_; ++p) {
+      PeerIo& io = io_[static_cast<std::size_t>(p)];
+      if (p == rank_ || io.failed || (io.send && !io.send->done())) continue;
+      if (io.send && !io.send->status().isOk()) {
+        io.failed = true;
+        continue;
+      }
+      io.outbox = bytes;
+      auto req = channels_[static_cast<std::size_t>(p)]->isend(io.outbox.data(), io.outbox.size(), kLinkStateTag);
+      if (req.isOk()) {
+        io.send = std::move(req).value();
+      } else {
+        io.failed = true;
+      }
+    }
+  }
+  if (rank_ != 0) return;
+  if (options_.adaptive && now >= nextReplan_ && now >= nextReplanCheck_) {
+    nextReplanCheck_ = now + options_.linkStateInterval;
+    replan(now);
+  }
+  if (options_.chaosInterval.count() > 0 && now >= nextChaos_) {
+    nextChaos_ = now + options_.chaosInterval;
+    (void)forceReplan(chaosSeed_++);
+  }
+}
+
+routing::LinkRow RoutingControl::ownRow() const {
+  routing::LinkRow row;
+  row.rank = rank_;
+  row.atUs = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch()).count();
+  std::vector<std::vector<transport::PathStats>> stats(static_cast<std::size_t>(size_));
+  for (int p = 0; p < size_; ++p) {
+    if (p != rank_ && channels_[static_cast<std::size_t>(p)]) stats[static_cast<std::size_t>(p)] = channels_[static_cast<std::size_t>(p)]->pathStats();
+  }
+  auto rateOf = [&](int peer, int path) -> std::optional<double> {
+    const auto& s = stats[static_cast<std::size_t>(peer)];
+    if (path < 0 || static_cast<std::size_t>(path) >= s.size()) return std::nullopt;
+    const auto& ps = s[static_cast<std::size_t>(path)];
+    if (!ps.alive || !(ps.rateBytesPerSec > 0)) return std::nullopt;
+    return ps.rateBytesPerSec;
+  };
+  if (monitor_ != nullptr) {
+    for (const routing::PathView& v : monitor_->paths()) {
+      if (v.path >= routing::kMaxPathsPerPeer) continue;
+      routing::LinkFigures f;
+      f.peer = v.peer;
+      f.path = v.path;
+      if (v.figures.valid) {
+        f.minRttUs = v.figures.minRttUs;
+        f.srttUs = v.figures.srttUs;
+        f.jitterUs = v.figures.jitterUs;
+        f.loss = v.figures.loss;
+      }
+      f.rateBytesPerSec = rateOf(v.peer, v.path);
+      f.congested = v.state == routing::CongestionState::kCongested;
+      row.links.push_back(f);
+    }
+  } else {
+    for (int p = 0; p < size_; ++p) {
+      const auto& s = stats[static_cast<std::size_t>(p)];
+      for (std::size_t k = 0; k < s.size() && k < static_cast<std::size_t>(routing::kMaxPathsPerPeer); ++k) {
+        routing::LinkFigures f;
+        f.peer = p;
+        f.path = static_cast<int>(k);
+        f.rateBytesPerSec = rateOf(p, f.path);
+        row.links.push_back(f);
+      }
+    }
+  }
+  return row;
+}
+
+routing::LinkStateTable RoutingControl::table() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return table_;
+}
+
+routing::RegionAssignment RoutingControl::regions() const {
+  auto named = routing::regionsFromNames(options_.regionNames);
+  if (named.isOk()) return std::move(named).value();
+  auto inferred = routing::inferRegions(table().rttMatrixUs(), size_);
+  return inferred.isOk() ? std::move(inferred).value() : routing::RegionAssignment{};
+}
+
+routing::NetworkView RoutingControl::currentView(routing::RegionAssignment* regions) const {
+  *regions = this->regions();
+  if (regions->regionOf.empty()) regions->regionOf.assign(static_cast<std::size_t>(size_), 0);
+  const int count = std::max(1, static_cast<int>(regions->names.size()));
+  return table().view(regions->regionOf, count);
+}
+
+void RoutingControl::replan(TimePoint now) {
+  if (!table().complete()) return;
+  routing::RegionAssignment regions;
+  const routing::NetworkView view = currentView(&regions);
+  if (!routing::validate(view).isOk()) return;
+  routing::PlanTable next = routing::planAll(view);
+  const std::shared_ptr<const routing::PlanTable> current = sync_->latestProposal();
+  std::string reason;
+  const char* kind = "initial";
+  if (!current) {
+    reason = fmt::format("initial plan ({} regions{}); 16 MiB: {}", std::max<std::size_t>(1, regions.names.size()),
+                         regions.inferred ? ", inferred" : "", next.forBytes(std::size_t{16} << 20).reason);
+  } else {
+    // The class gaining most against the plan in force, re-costed on today's links.
+    double bestGain = 0;
+    for (std::size_t c = 0; c < next.plans.size() && c < current->plans.size(); ++c) {
+      const double was = routing::predictSeconds(view, current->plans[c], next.classBytes[c]);
+      const double now_ = next.plans[c].predictedSec;
+      if (was > 0 && now_ < was * (1.0 - kReplanGain) && 1.0 - now_ / was > bestGain) {
+        bestGain = 1.0 - now_ / was;
+        reason = fmt::format("links changed; {}: {} {:.3g} s -> {}", sizeName(next.classBytes[c]),
+                             routing::algorithmName(current->plans[c].algorithm), was, next.plans[c].reason);
+      }
+    }
+    if (reason.empty()) return;
+    kind = "links_changed";
+  }
+  nextReplan_ = now + options_.replanInterval;
+  MLOG_INFO(kRouting, "re-plan: {}", reason);
+  replans(kind).add();
+  sync_->propose(std::make_shared<const routing::PlanTable>(std::move(next)), std::move(reason));
+}
+
+Status RoutingControl::forceReplan(std::uint64_t seed) {
+  if (rank_ != 0) return invalidArgument("only rank 0 publishes plans (this is rank {})", rank_);
+  routing::RegionAssignment regions;
+  const routing::NetworkView view = currentView(&regions);
+  routing::PlanTable table;
+  for (std::size_t b = routing::kMinClassBytes, k = 0; b <= routing::kMaxClassBytes; b <<= 1, ++k) {
+    table.classBytes.push_back(b);
+    table.plans.push_back(routing::randomPlan(view, seed * 64 + k));
+  }
+  replans("forced").add();
+  sync_->propose(std::make_shared<const routing::PlanTable>(std::move(table)), fmt::format("forced (seed {})", seed));
+  return Status::ok();
+}
+
+}  // namespace meridian::collectives

@@ -1,0 +1,102 @@
+// RoutingControl: the communicator's control loop for routing ("mer-route" thread).
+//  - Link state: every MERIDIAN_LINK_STATE_INTERVAL_MS each rank builds its row of the
+//    link-state table (routing/link_state.h) from the path monitor's probe figures and its
+//    channels' delivered rates, and sends it to every other rank (kLinkStateTag); each rank
+//    keeps one receive posted per peer, so every rank holds the whole table.
+//  - Re-planning (rank 0, adaptive routing): once the table is complete, and then at most
+//    every MERIDIAN_REPLAN_INTERVAL_MS, it builds the planner's view, plans every size class
+//    and proposes the new table to PlanSync when some class is predicted at least
+//    kReplanGain faster than under the plan in force (so measurement noise never flips plans
+//    back and forth). Each replan is logged with its reason and counted by reason.
+//  - Forced replans (rank 0): forceReplan(), or every MERIDIAN_CHAOS_REPLAN_MS, a random
+//    valid plan table (routing::randomPlan), to prove any plan switch is safe.
+// A peer whose control messages fail is left out from then on (its channel is broken; the
+// collectives report that). stop() joins the thread; the object, which owns the buffers of
+// posted receives, must outlive the transport device.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/plan_sync.h"
+#include "routing/link_state.h"
+#include "routing/path_monitor.h"
+#include "routing/regions.h"
+#include "transport/channel.h"
+
+namespace meridian::collectives {
+
+inline constexpr double kReplanGain = 0.10;
+
+struct RoutingControlOptions {
+  std::chrono::milliseconds linkStateInterval{1000};
+  std::chrono::milliseconds replanInterval{5000};
+  std::chrono::milliseconds chaosInterval{0};  // 0: no forced replans
+  bool adaptive = true;
+  std::vector<std::string> regionNames;  // per rank; all non-empty: regions by name
+};
+
+class RoutingControl {
+ public:
+  // `monitor` may be null (no probing): rows then carry only rates. It must outlive stop().
+  RoutingControl(int rank, int size, std::vector<transport::ChannelPtr> channels, routing::PathMonitor* monitor,
+                 PlanSync* sync, RoutingControlOptions options);
+  ~RoutingControl();
+  RoutingControl(const RoutingControl&) = delete;
+  RoutingControl& operator=(const RoutingControl&) = delete;
+
+  void start();
+  void stop();
+
+  routing::LinkStateTable table() const;
+  // Region of each rank (by name, else inferred from the table's RTTs; empty while unknown)
+  // and the region names.
+  routing::RegionAssignment regions() const;
+  // Rank 0: proposes a random plan table from `seed` (invalidArgument on other ranks).
+  Status forceReplan(std::uint64_t seed);
+
+ private:
+  void loop();
+  void tick(TimePoint now);
+  routing::LinkRow ownRow() const;
+  routing::NetworkView currentView(routing::RegionAssignment* regions) const;
+  void replan(TimePoint now);
+  void postRowReceive(int peer);
+
+  const int rank_;
+  const int size_;
+  const std::vector<transport::ChannelPtr> channels_;
+  routing::PathMonitor* const monitor_;
+  PlanSync* const sync_;
+  const RoutingControlOptions options_;
+
+  // The control thread's own state.
+  struct PeerIo {
+    std::vector<std::uint8_t> inbox;
+    transport::RequestPtr recv;
+    std::vector<std::uint8_t> outbox;
+    transport::RequestPtr send;
+    bool failed = false;
+  };
+  std::vector<PeerIo> io_;
+  TimePoint nextRow_{};
+  TimePoint nextReplanCheck_{};  // checks follow the rows' period
+  TimePoint nextReplan_{};       // proposals at most every replanInterval
+  TimePoint nextChaos_{};
+  std::uint64_t chaosSeed_ = 1;
+
+  mutable std::mutex mu_;
+  routing::LinkStateTable table_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace meridian::collectives
