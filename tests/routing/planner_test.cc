@@ -281,8 +281,8 @@ TEST(PlannerChoiceTest, ThreeRegionsGoHierarchicalForLargeMessages) {
   EXPECT_TRUE(isPermutation(p.crossOrder, 3));
   const std::vector<int> flat = chooseRingOrder(v, kGiB / 6);
   const double flatSec = predictSeconds(v, ringPlan(flat), kGiB);
-  // Hierarchical crosses the WAN in 4 steps of B/6; every one of the flat ring's 10 steps of B/6
-  // waits for a WAN hop.
+  // Hierarchical crosses the WAN in two rounds of B/6 (direct exchange); every one of the flat
+  // ring's 10 steps of B/6 waits for a WAN hop.
   EXPECT_LT(p.predictedSec * 2, flatSec);
   EXPECT_DOUBLE_EQ(p.predictedSec, predictSeconds(v, p, kGiB));
 }
@@ -452,6 +452,73 @@ TEST(PlannerValidateTest, RejectsInconsistentViews) {
   v = threeRegions();
   linkAt(v, 5, 4).bytesPerSec = -1;
   expectInvalid(v, "negative rate");
+}
+
+TEST(PlannerPredictTest, ThreeRegionsCrossByDirectExchange) {
+  const NetworkView v = threeRegions();
+  Plan p;
+  p.algorithm = Algorithm::kHierarchical;
+  p.groups = {{0, 3}, {1, 4}, {2, 5}};
+  const std::size_t b = 6'000'000;
+  // Intra: 2 steps of B/2 at 10 Gbit/s + 0.1 ms. Cross: two rounds of B/6 = 1 MB, each as slow
+  // as the slowest region pair (Virginia <-> Singapore, 110 ms) at 400 Mbit/s (20 ms).
+  const double intra = 2 * (kIntraLatency + 3e6 / kIntraRate);
+  EXPECT_NEAR(predictSeconds(v, p, b), intra + 2 * (0.110 + 1e6 / kCrossRate), 1e-12);
+  // The cross order no longer matters: every pair talks directly.
+  p.crossOrder = {2, 1, 0};
+  EXPECT_NEAR(predictSeconds(v, p, b), intra + 2 * (0.110 + 1e6 / kCrossRate), 1e-12);
+}
+
+TEST(PlannerTest, ValidatePlanRejectsWhatDoesNotFit) {
+  Plan p;
+  EXPECT_TRUE(validatePlan(p, 4).isOk());
+  p.ringOrder = {3, 2, 1, 0};
+  EXPECT_TRUE(validatePlan(p, 4).isOk());
+  EXPECT_FALSE(validatePlan(p, 5).isOk());
+  p.ringOrder = {0, 1, 1, 2};
+  EXPECT_FALSE(validatePlan(p, 4).isOk());
+  p = Plan{};
+  p.algorithm = Algorithm::kTree;
+  p.root = 4;
+  EXPECT_FALSE(validatePlan(p, 4).isOk());
+  p.algorithm = Algorithm::kParameterServer;
+  p.root = -1;
+  EXPECT_FALSE(validatePlan(p, 4).isOk());
+  p.root = 3;
+  EXPECT_TRUE(validatePlan(p, 4).isOk());
+  p = Plan{};
+  p.algorithm = Algorithm::kHierarchical;
+  p.groups = {{0, 1, 2, 3}};
+  EXPECT_FALSE(validatePlan(p, 4).isOk()) << "one group";
+  p.groups = {{0, 1}, {2}};
+  EXPECT_FALSE(validatePlan(p, 3).isOk()) << "unequal groups";
+  p.groups = {{0, 1}, {1, 2}};
+  EXPECT_FALSE(validatePlan(p, 4).isOk()) << "rank twice, rank missing";
+  p.groups = {{0, 1}, {2, 3}};
+  p.crossOrder = {1, 1};
+  EXPECT_FALSE(validatePlan(p, 4).isOk());
+  p.crossOrder = {1, 0};
+  EXPECT_TRUE(validatePlan(p, 4).isOk());
+  EXPECT_FALSE(validatePlan(p, 0).isOk());
+}
+
+TEST(PlannerTest, RandomPlansAreValidVariedAndDeterministic) {
+  const NetworkView v = threeRegions();
+  std::set<Algorithm> seen;
+  for (std::uint64_t seed = 0; seed < 200; ++seed) {
+    const Plan p = randomPlan(v, seed);
+    ASSERT_TRUE(validatePlan(p, v.ranks).isOk()) << p.reason;
+    EXPECT_TRUE(std::isfinite(predictSeconds(v, p, kMiB)));
+    const Plan again = randomPlan(v, seed);
+    EXPECT_EQ(again.algorithm, p.algorithm);
+    EXPECT_EQ(again.ringOrder, p.ringOrder);
+    EXPECT_EQ(again.groups, p.groups);
+    seen.insert(p.algorithm);
+  }
+  EXPECT_EQ(seen.size(), 5u) << "every algorithm comes up";
+  // Without equal regions there is no hierarchical plan to pick.
+  const NetworkView flat = uniformView(5, 1e-4, 1e9);
+  for (std::uint64_t seed = 0; seed < 100; ++seed) EXPECT_NE(randomPlan(flat, seed).algorithm, Algorithm::kHierarchical);
 }
 
 TEST(PlannerTest, AlgorithmNames) {
