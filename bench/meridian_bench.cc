@@ -128,14 +128,21 @@ int runTimeline(const Args& a, const std::string& cmd, collectives::Communicator
         perPath.push_back(total[p]);
       }
       const auto wrong = static_cast<std::uint64_t>(total[kTimelinePaths + 1]);
-      std::printf("  %7.2f %5d %12.4f %s%s\n", t, ops, busbw, shares.c_str(),
-                  wrong > 0 ? fmt::format("  WRONG {}", wrong).c_str() : "");
+      // The plan in force for this size (allreduce only follows plans).
+      const collectives::PlanInForce plan = comm.plan();
+      const std::string algo = op != BenchOp::kAllreduce ? "-"
+                               : plan.table             ? routing::algorithmName(plan.table->forBytes(count * esize).algorithm)
+                                                        : "built-in";
+      std::printf("  %7.2f %5d %12.4f %s  plan %s (epoch %llu)%s\n", t, ops, busbw, shares.c_str(), algo.c_str(),
+                  static_cast<unsigned long long>(plan.epoch), wrong > 0 ? fmt::format("  WRONG {}", wrong).c_str() : "");
       std::fflush(stdout);
       rows.push_back({{"t", t},
                       {"t_start", t - secs},
                       {"ops", ops},
                       {"busbw_gbps", busbw},
                       {"cross_region_bytes", perPath},
+                      {"plan_epoch", plan.epoch},
+                      {"algorithm", algo},
                       {"wrong", wrong}});
       anyWrong = anyWrong || wrong > 0;
     }

@@ -31,7 +31,7 @@ struct PathStats {
   std::uint64_t chunksSent = 0;
   std::uint64_t chunksResent = 0;
   std::uint64_t bytesReceived = 0;
-  double rateBytesPerSec = 0;
+  double rateBytesPerSec = 0;  // measured delivery rate while busy; 0 until measured
   double weight = 1.0;  // routing's preference (setPathWeights)
 };
 

@@ -11,7 +11,7 @@ MERIDIAN_PACKAGES=(
   libssl-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libfabric-dev libibverbs-dev
-  openmpi-bin libopenmpi-dev
+  openmpi-bin libopenmpi-dev libgloo-dev
   clang libclang-rt-14-dev
   iproute2 libyaml-cpp-dev iperf3 iputils-ping
 )

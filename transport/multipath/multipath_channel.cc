@@ -428,7 +428,8 @@ Status MultipathChannel::onAck(const FrameHeader& h, std::size_t path, std::int6
     PathState& p = *paths_[msg.assignedPath[i]];
     p.unackedBytes -= msg.chunkWireBytes(i);
     p.rate.onAcked(msg.chunkWireBytes(i), nowUs, p.unackedBytes > 0);
-    p.rateBytesPerSec.store(p.rate.bytesPerSec(), std::memory_order_relaxed);
+    // Figures for routing only once measured: the optimistic starting rate is a guess.
+    if (p.rate.measured()) p.rateBytesPerSec.store(p.rate.bytesPerSec(), std::memory_order_relaxed);
     p.lastProgressUs = nowUs;
   }
   msg.state[i] = ChunkState::kAcked;
