@@ -26,26 +26,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include "bench/sweep.h"
+
 namespace {
-
-std::size_t parseSize(const std::string& s) {
-  std::size_t mult = 1;
-  std::string digits = s;
-  char last = s.empty() ? '\0' : s.back();
-  if (last == 'k' || last == 'K') mult = 1u << 10;
-  if (last == 'm' || last == 'M') mult = 1u << 20;
-  if (last == 'g' || last == 'G') mult = 1u << 30;
-  if (mult != 1) digits.pop_back();
-  return static_cast<std::size_t>(std::stoull(digits)) * mult;
-}
-
-// Same rule as meridian-bench and mpi-coll-bench: about 128 MiB of data per size, at
-// least min(iters, 5) and at most iters iterations.
-int itersFor(std::size_t bytes, int iters) {
-  constexpr std::size_t kBudget = 128u << 20;
-  if (bytes == 0) return iters;
-  return std::clamp(static_cast<int>(kBudget / bytes), std::min(iters, 5), iters);
-}
 
 int envInt(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -108,7 +91,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gloo-coll-bench: no address to bind (--addr, or run it in the lab)\n");
     return 2;
   }
-  const std::size_t minBytes = parseSize(minText), maxBytes = parseSize(maxText);
+  const auto minParsed = meridian::bench::parseSize(minText), maxParsed = meridian::bench::parseSize(maxText);
+  if (!minParsed || !maxParsed) {
+    std::fprintf(stderr, "gloo-coll-bench: bad size '%s' or '%s' (a number with an optional k/M/G)\n",
+                 minText.c_str(), maxText.c_str());
+    return 2;
+  }
+  const std::size_t minBytes = *minParsed, maxBytes = *maxParsed;
   if (minBytes < 4 || minBytes > maxBytes || factor < 2 || iters < 1) {
     std::fprintf(stderr, "gloo-coll-bench: need 4 <= min-bytes <= max-bytes, factor >= 2, iters >= 1\n");
     return 2;
@@ -143,7 +132,7 @@ int main(int argc, char** argv) {
         wrong += recv[i] != static_cast<float>(size * (size + 1) / 2 + size * static_cast<int>(i % 3));
       }
       for (int i = 0; i < warmup; ++i) allreduceInto(context, send.data(), recv.data(), count, timeout);
-      const int it = itersFor(bytes, iters);
+      const int it = meridian::bench::itersFor(bytes, iters);
       gloo::BarrierOptions barrier(context);
       gloo::barrier(barrier);
       const auto t0 = std::chrono::steady_clock::now();

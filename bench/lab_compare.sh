@@ -28,7 +28,8 @@
 #    per "host"), so mpi_yield_when_idle is set as it would set it itself: its ranks otherwise
 #    spin and starve the lab's emulator thread (twice the packet lateness, same busbw).
 #
-# Usage: [WAN_RATE=40] bench/lab_compare.sh [BUILD_DIR]   (root, /dev/net/tun; about 15 minutes on 2 cores)
+# Usage: [WAN_RATE=40] bench/lab_compare.sh [BUILD_DIR]   (root, /dev/net/tun; about 40 minutes on 2 cores,
+# most of it OpenMPI and Gloo on the congested link)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}

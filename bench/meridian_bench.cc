@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_ops.h"
+#include "bench/sweep.h"
 #include "collectives/communicator.h"
 #include "core/knobs.h"
 #include "core/local_launch.h"
@@ -160,7 +161,6 @@ int runTimeline(const Args& a, const std::string& cmd, collectives::Communicator
   return anyWrong ? 3 : 0;
 }
 
-
 // Sum of every sample of one metric family in this process.
 double familyTotal(const std::string& name) {
   double total = 0;
@@ -189,13 +189,6 @@ std::string commandLine(int argc, char** argv) {
     s += argv[i];
   }
   return s;
-}
-
-// Fewer iterations for large sizes keep a sweep to minutes on small machines.
-int itersFor(std::size_t bytes, int iters) {
-  constexpr std::size_t kBudget = 128u << 20;
-  if (bytes == 0) return iters;
-  return std::clamp(static_cast<int>(kBudget / bytes), std::min(iters, 5), iters);
 }
 
 int runRank(const Args& a, const std::string& cmd) {
@@ -260,7 +253,7 @@ int runRank(const Args& a, const std::string& cmd) {
       std::size_t count = bytes / esize;
       if (op == BenchOp::kAllgather || op == BenchOp::kReduceScatter) count -= count % static_cast<std::size_t>(n);
       std::size_t realBytes = count * esize;
-      int iters = itersFor(realBytes, a.iters);
+      int iters = meridian::bench::itersFor(realBytes, a.iters);
       std::size_t wrong = 0;
       Status st;
       if (a.check) {

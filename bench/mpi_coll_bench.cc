@@ -11,24 +11,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include "bench/sweep.h"
+
 namespace {
-
-std::size_t parseSize(const std::string& s) {
-  std::size_t mult = 1;
-  std::string digits = s;
-  char last = s.empty() ? '\0' : s.back();
-  if (last == 'k' || last == 'K') mult = 1u << 10;
-  if (last == 'm' || last == 'M') mult = 1u << 20;
-  if (last == 'g' || last == 'G') mult = 1u << 30;
-  if (mult != 1) digits.pop_back();
-  return static_cast<std::size_t>(std::stoull(digits)) * mult;
-}
-
-int itersFor(std::size_t bytes, int iters) {
-  constexpr std::size_t kBudget = 128u << 20;
-  if (bytes == 0) return iters;
-  return std::clamp(static_cast<int>(kBudget / bytes), std::min(iters, 5), iters);
-}
 
 }  // namespace
 
@@ -54,7 +39,13 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return rc;
   }
-  std::size_t minBytes = parseSize(minText), maxBytes = parseSize(maxText);
+  const auto minParsed = meridian::bench::parseSize(minText), maxParsed = meridian::bench::parseSize(maxText);
+  if (!minParsed || !maxParsed) {
+    if (rank == 0) std::fprintf(stderr, "mpi-coll-bench: bad size '%s' or '%s'\n", minText.c_str(), maxText.c_str());
+    MPI_Finalize();
+    return 2;
+  }
+  std::size_t minBytes = *minParsed, maxBytes = *maxParsed;
   std::vector<float> send(maxBytes / 4 + static_cast<std::size_t>(n), 1.0f), recv(send.size(), 0.0f);
   if (rank == 0) {
     std::printf("# mpi-coll-bench (%s): %d ranks, dtype f32, op sum\n", label.c_str(), n);
@@ -98,7 +89,7 @@ int main(int argc, char** argv) {
         for (int i = 0; i < block; ++i) wrong += recv[static_cast<std::size_t>(i)] != static_cast<float>(n);
       }
       for (int i = 0; i < warmup; ++i) once();
-      int it = itersFor(count * 4, iters);
+      int it = meridian::bench::itersFor(count * 4, iters);
       MPI_Barrier(MPI_COMM_WORLD);
       double t0 = MPI_Wtime();
       for (int i = 0; i < it; ++i) once();

@@ -1,6 +1,7 @@
 // meridian-probe: runs on every node of a job (under meridian-lab exec-all, mpirun,
 // torchrun or with MERIDIAN_RANK/WORLD_SIZE/STORE) and prints, on rank 0, the live
-// region-by-region latency matrix per plane, jitter, loss and the congested paths.
+// region-by-region latency matrix per plane, jitter, loss, the congested paths and the
+// allreduce plan those round trips give.
 //
 //   meridian-lab exec-all -- build/collectives/meridian-probe --duration 10s
 //
@@ -27,6 +28,8 @@
 #include "core/log.h"
 #include "core/secret.h"
 #include "routing/congestion.h"
+#include "routing/link_state.h"
+#include "routing/planner.h"
 #include "routing/prober.h"
 #include "routing/regions.h"
 
@@ -107,6 +110,37 @@ json buildReport(const std::vector<RankInfo>& ranks, const std::vector<json>& ro
                                      {"reason", row.value("reason", "")}});
     }
   }
+  // The plan these links would give (probes only: no data flows here, so rates are the
+  // link-state table's window/RTT prior; a job's communicator adds measured delivery rates).
+  routing::LinkStateTable table(static_cast<int>(ranks.size()));
+  for (std::size_t src = 0; src < rows.size(); ++src) {
+    routing::LinkRow row{static_cast<int>(src), 0, {}};
+    for (const auto& r : rows[src]) {
+      routing::LinkFigures f;
+      f.peer = r.value("peer", -1);
+      f.path = r.value("path", -1);
+      if (f.peer < 0 || f.peer >= static_cast<int>(ranks.size()) || f.peer == static_cast<int>(src) || f.path < 0) continue;
+      if (r.value("valid", false)) {
+        f.srttUs = r.value("srtt_ms", 0.0) * 1000;
+        f.minRttUs = r.value("min_rtt_ms", 0.0) * 1000;
+      }
+      f.congested = r.value("congested", false);
+      row.links.push_back(f);
+    }
+    (void)table.update(std::move(row));
+  }
+  report["plan"] = json::array();
+  if (table.complete()) {
+    const routing::PlanTable plans =
+        routing::planAll(table.view(regions.regionOf, static_cast<int>(std::max<std::size_t>(1, nr))));
+    for (std::size_t bytes : {std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{16} << 20, std::size_t{256} << 20}) {
+      const routing::Plan& plan = plans.forBytes(bytes);
+      report["plan"].push_back({{"bytes", bytes},
+                                {"algorithm", routing::algorithmName(plan.algorithm)},
+                                {"predicted_s", plan.predictedSec},
+                                {"reason", plan.reason}});
+    }
+  }
   return report;
 }
 
@@ -136,6 +170,13 @@ void printReport(const json& report, const std::vector<RankInfo>& ranks, double 
         std::printf(" %-24s", cell.c_str());
       }
       std::printf("\n");
+    }
+  }
+  if (!report["plan"].empty()) {
+    std::printf("allreduce plan from these round trips (rates not measured here: 4 MiB-window prior):\n");
+    for (const auto& p : report["plan"]) {
+      std::printf("  %9s  %s\n", fmt::format("{} KiB", p["bytes"].get<std::size_t>() >> 10).c_str(),
+                  p["reason"].get<std::string>().c_str());
     }
   }
   if (report["congested"].empty()) {

@@ -68,7 +68,7 @@ struct PathMonitor::Impl {
           const bool congested = t.detector.state() == CongestionState::kCongested;
           t.congested->set(congested ? 1 : 0);
           transitions->add();
-          MLOG_WARN(kRouting, "path {} to rank {} is {}: {}", row.path, row.peer, congested ? "congested" : "clear again",
+          MLOG_INFO(kRouting, "path {} to rank {} is {}: {}", row.path, row.peer, congested ? "congested" : "clear again",
                     t.detector.reason());
           events.push_back({now, row.peer, row.path, t.detector.state(), t.detector.reason()});
           if (events.size() > kMaxEvents) events.pop_front();

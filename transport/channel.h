@@ -33,6 +33,12 @@ struct PathStats {
   std::uint64_t bytesReceived = 0;
   double rateBytesPerSec = 0;  // measured delivery rate while busy; 0 until measured
   double weight = 1.0;  // routing's preference (setPathWeights)
+  // Passive figures from the kernel (TCP_INFO of the path's streams, about once a second;
+  // tcpRttUs < 0 until first read): the largest smoothed RTT, the summed delivery rate, and
+  // the segments retransmitted so far.
+  double tcpRttUs = -1;
+  double tcpDeliveryBytesPerSec = 0;
+  std::uint64_t tcpRetransmits = 0;
 };
 
 // Tags with bit 62 set and bit 63 clear are background tags: control traffic whose receives

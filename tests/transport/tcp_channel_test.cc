@@ -169,6 +169,24 @@ TEST(TcpChannelTest, RoutingWeightsShiftChunksBetweenPaths) {
   EXPECT_GT(shares[1], 0.2);
 }
 
+// The kernel's own figures for each path (TCP_INFO), read about once a second.
+TEST(TcpChannelTest, PathStatsCarryTheKernelsTcpFigures) {
+  Pair p = connect(2, 2, 256 * 1024);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::vector<PathStats> stats;
+  for (std::uint64_t tag = 1; std::chrono::steady_clock::now() < deadline; ++tag) {
+    sendRecv(p, 4 << 20, tag);
+    stats = p.ab->pathStats();
+    if (std::all_of(stats.begin(), stats.end(), [](const PathStats& s) { return s.tcpRttUs > 0; })) break;
+  }
+  ASSERT_EQ(stats.size(), 2u);
+  for (const auto& s : stats) {
+    EXPECT_GT(s.tcpRttUs, 0) << s.localAddress;
+    EXPECT_LT(s.tcpRttUs, 1e6) << "loopback RTT under a second";
+    EXPECT_GT(s.tcpDeliveryBytesPerSec, 0) << s.localAddress;
+  }
+}
+
 TEST(TcpChannelTest, StaticStripingIgnoresWeightsAndSplitsEvenly) {
   Pair p = connect(2, 1, 256 * 1024, 0, /*adaptive=*/false);
   const double weights[] = {1.0, 0.05};

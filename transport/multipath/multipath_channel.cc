@@ -67,12 +67,18 @@ struct MultipathChannel::PathState {
   std::atomic<double> rateBytesPerSec{0};
   std::atomic<double> weight{1.0};
   std::atomic<bool> rerate{false};  // routing raised the weight: restart the rate estimate
+  std::atomic<double> tcpRttUs{-1};
+  std::atomic<double> tcpDeliveryBytesPerSec{0};
+  std::atomic<std::uint64_t> tcpRetransmits{0};
   Counter* bytesSent;
   Counter* chunksSent;
   Counter* chunksResent;
   Counter* bytesReceived;
   Counter* failures;
   Gauge* up;
+  Gauge* tcpRtt;
+  Gauge* tcpDelivery;
+  Gauge* tcpRetrans;
 };
 
 namespace {
@@ -102,6 +108,12 @@ MultipathChannel::MultipathChannel(int peerRank, std::vector<PathEndpoints> path
     p->failures = &reg.counter("meridian_transport_path_failures_total", "Times a path failed", labels);
     p->up = &reg.gauge("meridian_transport_path_up", "1 while a path is alive and not stalled", labels);
     p->up->set(1);
+    p->tcpRtt = &reg.gauge("meridian_transport_path_tcp_rtt_seconds",
+                           "Smoothed RTT the kernel measures on a path's data streams (TCP_INFO; largest stream)", labels);
+    p->tcpDelivery = &reg.gauge("meridian_transport_path_tcp_delivery_rate_bytes_per_second",
+                                "Delivery rate the kernel measures on a path's data streams (TCP_INFO; summed)", labels);
+    p->tcpRetrans = &reg.gauge("meridian_transport_path_tcp_retransmits",
+                               "Segments the kernel retransmitted on a path's data streams so far (TCP_INFO)", labels);
     paths_.push_back(std::move(p));
   }
   unexpectedBytes_ = &reg.counter("meridian_transport_unexpected_bytes_total",
@@ -244,6 +256,9 @@ std::vector<PathStats> MultipathChannel::pathStats() const {
     s.bytesReceived = p->bytesReceived->value();
     s.rateBytesPerSec = p->rateBytesPerSec.load(std::memory_order_relaxed);
     s.weight = p->weight.load(std::memory_order_relaxed);
+    s.tcpRttUs = p->tcpRttUs.load(std::memory_order_relaxed);
+    s.tcpDeliveryBytesPerSec = p->tcpDeliveryBytesPerSec.load(std::memory_order_relaxed);
+    s.tcpRetransmits = p->tcpRetransmits.load(std::memory_order_relaxed);
     out.push_back(std::move(s));
   }
   return out;
@@ -482,6 +497,17 @@ void MultipathChannel::onPathFailed(std::size_t path, const Status& why, bool gr
     if (!graceful || !idle) MLOG_ERROR(kTransport, "{}", st.message());
     fail(st);
   }
+}
+
+void MultipathChannel::setTcpFigures(std::size_t path, double rttUs, double deliveryBytesPerSec,
+                                     std::uint64_t retransmits) {
+  PathState& p = *paths_[path];
+  p.tcpRttUs.store(rttUs, std::memory_order_relaxed);
+  p.tcpDeliveryBytesPerSec.store(deliveryBytesPerSec, std::memory_order_relaxed);
+  p.tcpRetransmits.store(retransmits, std::memory_order_relaxed);
+  p.tcpRtt->set(rttUs * 1e-6);
+  p.tcpDelivery->set(deliveryBytesPerSec);
+  p.tcpRetrans->set(static_cast<double>(retransmits));
 }
 
 void MultipathChannel::checkStalls(std::int64_t nowUs) {

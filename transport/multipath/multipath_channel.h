@@ -124,6 +124,8 @@ class MultipathChannel : public Channel, public std::enable_shared_from_this<Mul
   // A path died (its streams are closed). `graceful`: the peer closed it on purpose.
   void onPathFailed(std::size_t path, const Status& why, bool graceful);
   void checkStalls(std::int64_t nowUs);
+  // The kernel's figures for a path's streams (see PathStats).
+  void setTcpFigures(std::size_t path, double rttUs, double deliveryBytesPerSec, std::uint64_t retransmits);
   // Fails every outstanding request and all later calls with `why`.
   void fail(const Status& why);
   bool failed() const { return failed_.load(std::memory_order_acquire); }

@@ -5,6 +5,8 @@
 
 #include <pthread.h>
 #include <sys/epoll.h>
+#include <netinet/in.h>
+#include <linux/tcp.h>  // struct tcp_info with the delivery rate (glibc's copy predates it)
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -159,6 +161,8 @@ struct TcpDevice::Impl {
   std::vector<std::unique_ptr<ChannelEntry>> channels;
   std::map<int, Stream*> streamsByFd;
   std::int64_t lastStallCheckUs = 0;
+  std::int64_t lastTcpInfoUs = 0;
+  static constexpr std::int64_t kTcpInfoPeriodUs = 1'000'000;  // TCP_INFO of every stream, once a second
 
   void wake() { waker->ring(); }
 
@@ -197,6 +201,8 @@ struct TcpDevice::Impl {
   void flushStream(Stream& s);
   void failPath(ChannelEntry& e, std::size_t path, const Status& why, bool graceful);
   void progressChannels();
+  // Passes the kernel's figures of each path's streams to the channel (PathStats).
+  void readTcpInfo(ChannelEntry& e);
   void shutdownAll();
   MultipathConfig channelConfig() const;
 };
@@ -581,10 +587,29 @@ void TcpDevice::Impl::flushStream(Stream& s) {
   }
 }
 
+void TcpDevice::Impl::readTcpInfo(ChannelEntry& e) {
+  for (std::size_t p = 0; p < e.streams.size(); ++p) {
+    double rttUs = -1, rate = 0;
+    std::uint64_t retrans = 0;
+    for (const auto& s : e.streams[p]) {
+      if (s->dead) continue;
+      tcp_info info{};
+      socklen_t len = sizeof(info);
+      if (::getsockopt(s->fd.get(), IPPROTO_TCP, TCP_INFO, &info, &len) != 0) continue;
+      rttUs = std::max(rttUs, static_cast<double>(info.tcpi_rtt));
+      rate += static_cast<double>(info.tcpi_delivery_rate);
+      retrans += info.tcpi_total_retrans;
+    }
+    if (rttUs >= 0) e.channel->setTcpFigures(p, rttUs, rate, retrans);
+  }
+}
+
 void TcpDevice::Impl::progressChannels() {
   std::int64_t now = nowUs();
   bool stallCheck = now - lastStallCheckUs > 20'000;
   if (stallCheck) lastStallCheckUs = now;
+  const bool tcpInfo = now - lastTcpInfoUs > kTcpInfoPeriodUs;
+  if (tcpInfo) lastTcpInfoUs = now;
   for (auto& e : channels) {
     if (!e->ready) continue;
     MultipathChannel& ch = *e->channel;
@@ -597,6 +622,7 @@ void TcpDevice::Impl::progressChannels() {
       continue;
     }
     if (stallCheck) ch.checkStalls(now);
+    if (tcpInfo) readTcpInfo(*e);
     ch.schedule(now);
     for (auto& path : e->streams) {
       for (auto& s : path) {
