@@ -131,9 +131,10 @@ int runTimeline(const Args& a, const std::string& cmd, collectives::Communicator
       const auto wrong = static_cast<std::uint64_t>(total[kTimelinePaths + 1]);
       // The plan in force for this size (allreduce only follows plans).
       const collectives::PlanInForce plan = comm.plan();
-      const std::string algo = op != BenchOp::kAllreduce ? "-"
-                               : plan.table             ? routing::algorithmName(plan.table->forBytes(count * esize).algorithm)
-                                                        : "built-in";
+      const std::string algo = op != BenchOp::kAllreduce                ? "-"
+                               : comm.allreduceAlgorithm() != "auto" ? "pinned " + comm.allreduceAlgorithm()
+                               : plan.table ? routing::algorithmName(plan.table->forBytes(count * esize).algorithm)
+                                            : "built-in";
       std::printf("  %7.2f %5d %12.4f %s  plan %s (epoch %llu)%s\n", t, ops, busbw, shares.c_str(), algo.c_str(),
                   static_cast<unsigned long long>(plan.epoch), wrong > 0 ? fmt::format("  WRONG {}", wrong).c_str() : "");
       std::fflush(stdout);

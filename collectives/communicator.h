@@ -112,6 +112,8 @@ class Communicator {
   // Each rank's region as its MERIDIAN_REGION names it ("" where unnamed).
   const std::vector<std::string>& regionNames() const { return regionNames_; }
   bool adaptiveRouting() const { return adaptive_; }
+  // MERIDIAN_ALGO as resolved: "auto" follows the plan in force, anything else pins it.
+  const std::string& allreduceAlgorithm() const { return algo_; }
   // The region groups large allreduces run hierarchically over (none: flat).
   const std::optional<Hierarchy>& hierarchy() const { return hierarchy_; }
   // The collective plan in force (epoch 0 and no table: the built-in choice, before the

@@ -50,12 +50,11 @@ class RateEstimator {
   // `bytes` were acknowledged at `nowUs`; `stillBusy` says whether bytes remain in flight.
   void onAcked(std::uint64_t bytes, std::int64_t nowUs, bool stillBusy);
   // Starts over from `bytesPerSec` (e.g. routing says a path recovered: give it a fair
-  // chance and let new samples correct it); measured() is false until the next sample.
+  // chance and let new samples correct it).
   void reset(double bytesPerSec) {
     rate_ = bytesPerSec > kMinRateBytesPerSec ? bytesPerSec : kMinRateBytesPerSec;
     intervalStartUs_ = -1;
     intervalBytes_ = 0;
-    samples_ = 0;
   }
   double bytesPerSec() const { return rate_; }
   bool measured() const { return samples_ > 0; }
