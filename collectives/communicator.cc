@@ -123,11 +123,17 @@ Result<std::unique_ptr<Communicator>> Communicator::create(Store& store, int ran
   }
   comm->adaptive_ = routingMode == "adaptive";
   comm->algo_ = opts.algo.empty() ? knobString(knobs::kAlgo) : opts.algo;
-  if (comm->algo_ != "auto" && comm->algo_ != "ring" && comm->algo_ != "recursive_doubling" &&
-      comm->algo_ != "hierarchical") {
+  static constexpr std::array<std::pair<std::string_view, AlgoChoice>, 4> kAlgos{
+      {{"auto", AlgoChoice::kAuto},
+       {"ring", AlgoChoice::kRing},
+       {"recursive_doubling", AlgoChoice::kRecursiveDoubling},
+       {"hierarchical", AlgoChoice::kHierarchical}}};
+  const auto known = std::find_if(kAlgos.begin(), kAlgos.end(), [&](const auto& a) { return a.first == comm->algo_; });
+  if (known == kAlgos.end()) {
     return invalidArgument("MERIDIAN_ALGO must be auto, ring, recursive_doubling or hierarchical, not '{}'",
                            comm->algo_);
   }
+  comm->algoChoice_ = known->second;
   transport::tcp::DeviceOptions dev;
   dev.adaptive = comm->adaptive_;
   dev.localAddresses = opts.localAddresses;
@@ -264,7 +270,7 @@ Status Communicator::startRouting(Store& store, const std::string& base, const C
   }
   // Every rank computes the same hierarchy from the same names: no plan needs sending.
   hierarchy_ = hierarchyFromRegions(regionNames_);
-  if (algo_ == "hierarchical" && !hierarchy_) {
+  if (algoChoice_ == AlgoChoice::kHierarchical && !hierarchy_) {
     return invalidArgument("MERIDIAN_ALGO=hierarchical needs every rank's MERIDIAN_REGION, at least 2 regions, "
                            "and the same number of ranks in each");
   }
@@ -284,7 +290,7 @@ Status Communicator::startRouting(Store& store, const std::string& base, const C
   }
   if (hierarchy_) {
     MLOG_INFO(kCollectives, "{} regions of {} ranks{}", hierarchy_->groups.size(), hierarchy_->groups.front().size(),
-              algo_ == "hierarchical" ? ": large allreduces run hierarchically" : "");
+              algoChoice_ == AlgoChoice::kHierarchical ? ": large allreduces run hierarchically" : "");
   }
   return Status::ok();
 }

@@ -232,7 +232,9 @@ class Communicator {
   std::unique_ptr<routing::PathMonitor> monitor_;
   std::vector<std::string> regionNames_;
   bool adaptive_ = true;
-  std::string algo_ = "auto";             // MERIDIAN_ALGO
+  std::string algo_ = "auto";             // MERIDIAN_ALGO as given
+  enum class AlgoChoice : std::uint8_t { kAuto, kRing, kRecursiveDoubling, kHierarchical };
+  AlgoChoice algoChoice_ = AlgoChoice::kAuto;  // algo_, parsed once
   std::optional<Hierarchy> hierarchy_;    // ranks grouped by region, when the regions allow
   // Touched only by the thread executing an op (or the destructor after the worker quit).
   RequestTracker opRequests_;                    // the current op's requests

@@ -79,17 +79,17 @@ Communicator::Body Communicator::allreduceBody(const void* send, void* recv, std
   const std::size_t small = smallBytes_;
   const std::size_t bytes = count * kernels::dataTypeSize(dtype);
   const Hierarchy* hier = hierarchy_ ? &*hierarchy_ : nullptr;
-  const std::string algo = algo_;
+  const AlgoChoice algo = algoChoice_;
   return [=](const AlgoContext& ctx, Work&) -> Status {
     if (count == 0) return Status::ok();
     // Chosen when the op runs: the plan in force is the same on every rank for this op
     // (plan_sync.h); without one, the built-in choice depends only on the size and knobs.
     Status st;
-    if (algo == "auto" && ctx.plans != nullptr) {
+    if (algo == AlgoChoice::kAuto && ctx.plans != nullptr) {
       st = plannedAllreduce(ctx, send, recv, count, wireOp(op), ctx.plans->forBytes(bytes));
-    } else if (algo == "hierarchical" && hier != nullptr) {
+    } else if (algo == AlgoChoice::kHierarchical && hier != nullptr) {
       st = hierarchicalAllreduce(ctx, send, recv, count, wireOp(op), *hier);
-    } else if (algo == "recursive_doubling" || (algo == "auto" && bytes <= small)) {
+    } else if (algo == AlgoChoice::kRecursiveDoubling || (algo == AlgoChoice::kAuto && bytes <= small)) {
       st = recursiveDoublingAllreduce(ctx, send, recv, count, wireOp(op));
     } else {
       st = ringAllreduce(ctx, send, recv, count, wireOp(op));

@@ -1,8 +1,8 @@
 // Routing in the lab (label `lab`): meridian-probe on every node measures the round-trip
-// matrix the topology configures, per plane, within 10%. Sub-millisecond links inside a
-// region get an absolute allowance instead: the two TUN hops and the user-space wake-ups
-// of two probers on a busy 2-core machine add 0.2-0.5 ms (0.3 ms on the minimum round trip,
-// 0.8 ms on the smoothed one).
+// matrix the topology configures, per plane, within 10%. Millisecond links inside a region
+// get an absolute allowance instead: the two TUN hops and the user-space wake-ups of two
+// probers on a busy 2-core machine add 0.2-0.5 ms (0.4 ms on the minimum round trip over
+// 50 probes, 0.8 ms on the smoothed one).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -31,7 +31,7 @@ void checkMatrix(const std::string& topologyName, double timeScale) {
   ASSERT_EQ(up.code, 0) << up.output;
   const std::string out = ::testing::TempDir() + "/probe-" + topologyName + ".json";
   std::filesystem::remove(out);
-  auto r = session.run(fmt::format("exec-all -- {} --duration 3 --every 3 --json {}", MERIDIAN_PROBE_BIN, out));
+  auto r = session.run(fmt::format("exec-all -- {} --duration 5 --every 5 --json {}", MERIDIAN_PROBE_BIN, out));
   ASSERT_EQ(r.code, 0) << r.output;
   std::ifstream f(out);
   auto report = nlohmann::json::parse(f, nullptr, false);
@@ -55,7 +55,7 @@ void checkMatrix(const std::string& topologyName, double timeScale) {
         const double configured = (there.delayUs + back.delayUs) * timeScale / 1000;
         const std::string what = fmt::format("{} plane {} {} -> {}", topologyName, topo->planes[p].name,
                                              names[s].get<std::string>(), names[d].get<std::string>());
-        EXPECT_NEAR(floor.get<double>(), configured, std::max(0.10 * configured, 0.3)) << what << " (min RTT)";
+        EXPECT_NEAR(floor.get<double>(), configured, std::max(0.10 * configured, 0.4)) << what << " (min RTT)";
         EXPECT_NEAR(cell.get<double>(), configured, std::max(0.10 * configured, 0.8)) << what << " (smoothed RTT)";
       }
     }
