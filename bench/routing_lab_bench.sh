@@ -2,8 +2,9 @@
 # Routing in the lab, side by side in one run (root, /dev/net/tun):
 #  1. two regions (time scale 0.25): a loop of 16 MiB allreduces while wan-a between the
 #     regions drops from 100 to 20 Mbit/s at t=6 s; Meridian adaptive vs static striping;
-#  2. three regions (time scale 0.25, every inter-region link 80 Mbit/s per plane): flat
-#     ring vs region-hierarchical allreduce of 16 MiB: time per op and bytes across regions.
+#  2. three regions (time scale 0.25, every inter-region link 20 Mbit/s per plane, so the
+#     WAN and not the emulator is the bottleneck): flat ring vs region-hierarchical allreduce
+#     of 4 MiB: time per op and bytes across regions.
 # Usage: bench/routing_lab_bench.sh [BUILD_DIR]    Writes bench/results/routing-lab.md.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -36,7 +37,7 @@ PY
   echo
   echo "## 1. One plane degrades under load (two regions, 4 nodes, time scale 0.25)"
   echo
-  echo "Loop of 16 MiB allreduces (\`meridian-bench --duration 16 --interval 1\`, one rank per node);"
+  echo "Loop of 16 MiB ring allreduces (\`MERIDIAN_ALGO=ring meridian-bench --duration 16 --interval 1\`, one rank per node);"
   echo "at t=6 s \`meridian-lab set wan-a east west --rate 20Mbit\` (from 100). Link-rate bound on busbw:"
   echo "0.0250 GB/s before (2 planes x 100 Mbit/s), 0.0150 GB/s after (20 + 100 Mbit/s)."
   echo
@@ -48,7 +49,7 @@ PY
 for mode in adaptive static; do
   "${lab[@]}" restore wan-a east west >/dev/null
   (sleep 6; "${lab[@]}" set wan-a east west --rate 20Mbit >/dev/null) &
-  MERIDIAN_ROUTING=$mode "${lab[@]}" exec-all -- "$benchbin" --ops all_reduce -b 16M -e 16M --duration 16 \
+  MERIDIAN_ALGO=ring MERIDIAN_ROUTING=$mode "${lab[@]}" exec-all -- "$benchbin" --ops all_reduce -b 16M -e 16M --duration 16 \
     --interval 1 --check 0 --json "$tmp/$mode.json" >/dev/null 2>&1
   wait
   echo "| $mode | before (t 1-5 s) | $(summary "$tmp/$mode.json" 1 5) |" >> "$out.tmp"
@@ -59,8 +60,10 @@ done
   echo
   echo "## 2. Flat ring vs region-hierarchical allreduce (three regions, 6 nodes, time scale 0.25)"
   echo
-  echo "Every inter-region link set to 80 Mbit/s per plane, 16 MiB allreduces for 12 s each,"
-  echo "\`MERIDIAN_ALGO=ring\` then \`hierarchical\`, twice, first 4 s dropped (warm-up)."
+  echo "Every inter-region link set to 20 Mbit/s per plane (100 ms of queue), 4 MiB allreduces for 12 s"
+  echo "each, \`MERIDIAN_ALGO=ring\` then \`hierarchical\`, twice, first 4 s dropped (warm-up). At the"
+  echo "topology's own 200-400 Mbit/s the emulator (one thread sharing 2 cores with six ranks, about"
+  echo "600 Mbit/s in all) would be the bottleneck for both algorithms."
   echo
   echo "| algorithm | s per op | cross-region MiB per op | median busbw (GB/s) | share on wan-a |"
   echo "| --- | --- | --- | --- | --- |"
@@ -68,11 +71,11 @@ done
 "${lab[@]}" up "$root/lab/topologies/three-regions.yaml" --time-scale 0.25 >/dev/null
 for p in wan-a wan-b; do
   for pair in "london virginia" "london singapore" "virginia singapore"; do
-    "${lab[@]}" set $p $pair --rate 80Mbit >/dev/null
+    "${lab[@]}" set $p $pair --rate 20Mbit --queue 250KB >/dev/null
   done
 done
 for algo in ring hierarchical ring hierarchical; do
-  MERIDIAN_ALGO=$algo "${lab[@]}" exec-all -- "$benchbin" --ops all_reduce -b 16M -e 16M --duration 12 \
+  MERIDIAN_ALGO=$algo "${lab[@]}" exec-all -- "$benchbin" --ops all_reduce -b 4M -e 4M --duration 12 \
     --interval 4 --check 0 --json "$tmp/$algo.json" >/dev/null 2>&1
   echo "| $algo | $(summary "$tmp/$algo.json" 3.5 100) |" >> "$out.tmp"
 done
