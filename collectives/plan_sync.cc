@@ -47,6 +47,7 @@ void PlanSync::adopt(std::uint64_t epoch, std::shared_ptr<const routing::PlanTab
   std::lock_guard<std::mutex> lock(mu_);
   if (epoch == inForce_.epoch) return;
   MLOG_INFO(kRouting, "plan epoch {} in force from collective {}: {}", epoch, seq, reason);
+  opTable_ = table;
   inForce_ = PlanInForce{epoch, std::move(table), std::move(reason), seq};
   epochGauge().set(static_cast<double>(epoch));
 }
@@ -57,8 +58,7 @@ Result<std::shared_ptr<const routing::PlanTable>> PlanSync::atCollective(std::ui
     MERIDIAN_RETURN_IF_ERROR(rank_ == 0 ? announce(seq, meanOpSec) : receive(seq, deadline));
     firstCheckpoint_ = false;
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  return inForce_.table;
+  return opTable_;  // adopt() runs on this thread too: no lock on the way of every collective
 }
 
 Status PlanSync::announce(std::uint64_t seq, double meanOpSec) {

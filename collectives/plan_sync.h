@@ -96,6 +96,7 @@ class PlanSync {
     std::vector<transport::RequestPtr> sends;
   };
   std::vector<std::unique_ptr<Outgoing>> outgoing_;
+  std::shared_ptr<const routing::PlanTable> opTable_;  // the table in force, for the op thread
   // The others: the posted receive of the next announcement.
   std::vector<std::uint8_t> inbox_;
   transport::RequestPtr pending_;

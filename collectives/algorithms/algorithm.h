@@ -127,6 +127,9 @@ struct BlockSplit {
   }
 };
 
+// Scratch slots start on 64-byte boundaries (cache lines, vector loads).
+inline std::size_t alignUp(std::size_t v) { return (v + 63) / 64 * 64; }
+
 inline int modRank(long long r, int n) {
   long long m = r % n;
   return static_cast<int>(m < 0 ? m + n : m);

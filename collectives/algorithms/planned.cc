@@ -13,8 +13,6 @@ namespace meridian::collectives {
 
 namespace {
 
-std::size_t alignUp(std::size_t v) { return (v + 63) / 64 * 64; }
-
 std::vector<int> orderOf(const std::vector<int>& order, int n) {
   if (!order.empty()) return order;
   std::vector<int> identity(static_cast<std::size_t>(n));

@@ -9,10 +9,6 @@
 
 namespace meridian::collectives {
 
-namespace {
-std::size_t alignUp(std::size_t v) { return (v + 63) / 64 * 64; }
-}  // namespace
-
 Status binomialReduce(const AlgoContext& ctx, const void* send, void* recv, std::size_t count, kernels::ReduceOp op,
                       int root) {
   const std::size_t bytes = count * ctx.elemBytes;
