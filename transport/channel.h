@@ -27,6 +27,8 @@ struct PathStats {
   std::string remoteAddress;
   bool alive = false;
   bool stalled = false;
+  bool relay = false;  // a relay slot: a path through a third node when up
+  int relayVia = -1;   // the rank a live relay path goes through
   std::uint64_t bytesSent = 0;
   std::uint64_t chunksSent = 0;
   std::uint64_t chunksResent = 0;

@@ -39,6 +39,22 @@ TEST(HandshakeTest, MatchingSecretsAuthenticateBothWays) {
   EXPECT_EQ(ci->streamCount, 2);
 }
 
+TEST(HandshakeTest, ARelayRequestCarriesItsTargetAndMustNameAnotherRank) {
+  Nonce nc = freshNonce(), ns = freshNonce();
+  ConnectInfo r = info();
+  r.kind = ConnectionKind::kRelay;
+  r.relayTarget = 5;
+  auto ci = verifyAuth("k", nc, ns, encodeAuth("k", nc, ns, r));
+  ASSERT_TRUE(ci.isOk()) << ci.status().toString();
+  EXPECT_EQ(ci->kind, ConnectionKind::kRelay);
+  EXPECT_EQ(ci->relayTarget, 5);
+  for (int bad : {-1, 3}) {  // nobody, or the client itself
+    r.relayTarget = bad;
+    auto refused = verifyAuth("k", nc, ns, encodeAuth("k", nc, ns, r));
+    EXPECT_EQ(refused.status().code(), StatusCode::kPeerError) << bad;
+  }
+}
+
 TEST(HandshakeTest, ClientRefusesServerWithoutTheSecret) {
   Nonce nc = freshNonce(), ns = freshNonce();
   auto ch = encodeChallenge("wrong", nc, ns, HandshakeResult::kOk);

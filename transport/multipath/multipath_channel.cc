@@ -60,6 +60,7 @@ struct MultipathChannel::PathState {
   PathEndpoints endpoints;
   std::atomic<bool> alive{true};
   std::atomic<bool> stalled{false};
+  std::atomic<int> relayVia{-1};
   std::uint64_t unackedBytes = 0;
   std::deque<OutChunk> queue;
   RateEstimator rate;
@@ -98,7 +99,10 @@ MultipathChannel::MultipathChannel(int peerRank, std::vector<PathEndpoints> path
   for (std::size_t i = 0; i < paths.size(); ++i) {
     auto p = std::make_unique<PathState>();
     p->endpoints = paths[i];
-    MetricLabels labels{{"device", config_.deviceName}, {"peer", std::to_string(peerRank)}, {"path", std::to_string(i)}};
+    p->alive.store(!paths[i].relay, std::memory_order_relaxed);
+    MetricLabels labels{{"device", config_.deviceName},
+                        {"peer", std::to_string(peerRank)},
+                        {"path", paths[i].relay ? std::string("relay") : std::to_string(i)}};
     p->bytesSent = &reg.counter("meridian_transport_path_sent_bytes_total", "Payload bytes written to a path", labels);
     p->chunksSent = &reg.counter("meridian_transport_path_sent_chunks_total", "Chunks written to a path", labels);
     p->chunksResent = &reg.counter("meridian_transport_path_resent_chunks_total",
@@ -107,7 +111,7 @@ MultipathChannel::MultipathChannel(int peerRank, std::vector<PathEndpoints> path
         &reg.counter("meridian_transport_path_received_bytes_total", "Payload bytes received on a path", labels);
     p->failures = &reg.counter("meridian_transport_path_failures_total", "Times a path failed", labels);
     p->up = &reg.gauge("meridian_transport_path_up", "1 while a path is alive and not stalled", labels);
-    p->up->set(1);
+    p->up->set(paths[i].relay ? 0 : 1);
     p->tcpRtt = &reg.gauge("meridian_transport_path_tcp_rtt_seconds",
                            "Smoothed RTT the kernel measures on a path's data streams (TCP_INFO; largest stream)", labels);
     p->tcpDelivery = &reg.gauge("meridian_transport_path_tcp_delivery_rate_bytes_per_second",
@@ -250,6 +254,8 @@ std::vector<PathStats> MultipathChannel::pathStats() const {
     s.remoteAddress = p->endpoints.remoteAddress;
     s.alive = p->alive.load(std::memory_order_relaxed);
     s.stalled = p->stalled.load(std::memory_order_relaxed);
+    s.relay = p->endpoints.relay;
+    s.relayVia = p->relayVia.load(std::memory_order_relaxed);
     s.bytesSent = p->bytesSent->value();
     s.chunksSent = p->chunksSent->value();
     s.chunksResent = p->chunksResent->value();
@@ -481,10 +487,16 @@ void MultipathChannel::onPathFailed(std::size_t path, const Status& why, bool gr
   PathState& p = *paths_[path];
   if (!p.alive.exchange(false, std::memory_order_relaxed)) return;
   p.up->set(0);
+  p.relayVia.store(-1, std::memory_order_relaxed);
   if (!graceful) {
     p.failures->add();
-    MLOG_WARN(kTransport, "path {} ({} -> {}) to rank {} failed: {}; its chunks move to the other paths", path,
-              p.endpoints.localAddress, p.endpoints.remoteAddress, peerRank_, why.toString());
+    if (p.endpoints.relay) {
+      MLOG_WARN(kTransport, "relay path {} to rank {} failed: {}; its chunks move to the other paths", path, peerRank_,
+                why.toString());
+    } else {
+      MLOG_WARN(kTransport, "path {} ({} -> {}) to rank {} failed: {}; its chunks move to the other paths", path,
+                p.endpoints.localAddress, p.endpoints.remoteAddress, peerRank_, why.toString());
+    }
   }
   requeueChunksOf(path);
   bool anyAlive = std::any_of(paths_.begin(), paths_.end(), [](const auto& q) { return q->alive.load(); });
@@ -497,6 +509,24 @@ void MultipathChannel::onPathFailed(std::size_t path, const Status& why, bool gr
     if (!graceful || !idle) MLOG_ERROR(kTransport, "{}", st.message());
     fail(st);
   }
+}
+
+void MultipathChannel::onPathUp(std::size_t path, int via) {
+  PathState& p = *paths_[path];
+  if (p.alive.load(std::memory_order_relaxed)) return;
+  double best = 0;
+  for (const auto& q : paths_) {
+    if (q.get() != &p && q->alive.load(std::memory_order_relaxed)) best = std::max(best, q->rate.bytesPerSec());
+  }
+  p.rate.reset(best > 0 ? best : 1e9);
+  p.rateBytesPerSec.store(0, std::memory_order_relaxed);
+  p.unackedBytes = 0;
+  p.queue.clear();
+  p.relayVia.store(via, std::memory_order_relaxed);
+  p.stalled.store(false, std::memory_order_relaxed);
+  p.alive.store(true, std::memory_order_release);
+  p.up->set(1);
+  MLOG_INFO(kTransport, "path {} to rank {} is up (relayed through rank {})", path, peerRank_, via);
 }
 
 void MultipathChannel::setTcpFigures(std::size_t path, double rttUs, double deliveryBytesPerSec,

@@ -51,6 +51,9 @@ struct MultipathConfig {
 struct PathEndpoints {
   std::string localAddress;
   std::string remoteAddress;
+  // A relay slot: a path through a third node, down until onPathUp (the device opens and
+  // closes it while the channel runs; see TcpDevice::openRelay).
+  bool relay = false;
 };
 
 // Buffers for messages that arrive before their receive, kept for reuse (up to a bound)
@@ -123,6 +126,9 @@ class MultipathChannel : public Channel, public std::enable_shared_from_this<Mul
 
   // A path died (its streams are closed). `graceful`: the peer closed it on purpose.
   void onPathFailed(std::size_t path, const Status& why, bool graceful);
+  // A relay slot's streams are connected (through rank `via`): the path carries chunks
+  // from now on, starting from the best rate any path has.
+  void onPathUp(std::size_t path, int via);
   void checkStalls(std::int64_t nowUs);
   // The kernel's figures for a path's streams (see PathStats).
   void setTcpFigures(std::size_t path, double rttUs, double deliveryBytesPerSec, std::uint64_t retransmits);

@@ -36,6 +36,7 @@ std::array<std::uint8_t, kInfoBytes> encodeInfo(const ConnectInfo& info) {
   wire::store<std::uint16_t>(&b[6], info.streamCount);
   wire::store<std::uint64_t>(&b[8], info.sessionId);
   wire::store<std::int32_t>(&b[16], info.rank);
+  wire::store<std::int32_t>(&b[20], info.relayTarget);
   return b;
 }
 
@@ -124,7 +125,8 @@ Result<ConnectInfo> verifyAuth(std::string_view secret, const Nonce& clientNonce
   ConnectInfo ci;
   std::uint16_t kind = wire::load<std::uint16_t>(&info[0]);
   if (kind != static_cast<std::uint16_t>(ConnectionKind::kDataStream) &&
-      kind != static_cast<std::uint16_t>(ConnectionKind::kStore)) {
+      kind != static_cast<std::uint16_t>(ConnectionKind::kStore) &&
+      kind != static_cast<std::uint16_t>(ConnectionKind::kRelay)) {
     return peerError("handshake: unknown connection kind {}", kind);
   }
   ci.kind = static_cast<ConnectionKind>(kind);
@@ -133,6 +135,10 @@ Result<ConnectInfo> verifyAuth(std::string_view secret, const Nonce& clientNonce
   ci.streamCount = wire::load<std::uint16_t>(&info[6]);
   ci.sessionId = wire::load<std::uint64_t>(&info[8]);
   ci.rank = wire::load<std::int32_t>(&info[16]);
+  ci.relayTarget = wire::load<std::int32_t>(&info[20]);
+  if (ci.kind == ConnectionKind::kRelay && (ci.relayTarget < 0 || ci.relayTarget == ci.rank)) {
+    return peerError("handshake: relay from rank {} to rank {} names no other rank", ci.rank, ci.relayTarget);
+  }
   if (ci.streamCount == 0 || ci.streamIndex >= ci.streamCount) {
     return peerError("handshake: stream {} of {} is out of range", ci.streamIndex, ci.streamCount);
   }

@@ -32,7 +32,10 @@ inline constexpr std::size_t kResultBytes = 8;
 
 using Nonce = std::array<std::uint8_t, 32>;
 
-enum class ConnectionKind : std::uint16_t { kDataStream = 1, kStore = 2 };
+// kRelay: the client asks the server to splice the connection through to `relayTarget`'s
+// path `pathIndex` (both in session `sessionId`); the client then runs a data-stream
+// handshake with the target end to end, through the relay.
+enum class ConnectionKind : std::uint16_t { kDataStream = 1, kStore = 2, kRelay = 3 };
 
 // What the client tells the server once authenticated.
 struct ConnectInfo {
@@ -42,6 +45,7 @@ struct ConnectInfo {
   std::uint16_t pathIndex = 0;   // which path of the channel
   std::uint16_t streamIndex = 0; // which stream of the path
   std::uint16_t streamCount = 1; // streams the client opens on this path
+  std::int32_t relayTarget = -1; // kRelay: the rank to splice through to
 };
 
 enum class HandshakeResult : std::uint16_t { kOk = 0, kVersionMismatch = 1, kAuthFailed = 2, kRejected = 3 };

@@ -104,21 +104,42 @@ Result<UniqueFd> listenOn(const std::string& ip, std::uint16_t port, bool nonBlo
   return fd;
 }
 
+namespace {
+// A non-blocking TCP socket, bound to `localIp` when given.
+Result<UniqueFd> socketBoundTo(const std::string& localIp) {
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) return internalError("socket(): {}", std::strerror(errno));
+  if (!localIp.empty()) {
+    auto local = resolve(localIp, 0);
+    if (!local) return local.status();
+    if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&local.value()), sizeof(sockaddr_in)) != 0) {
+      return invalidArgument("cannot bind local address {}: {}", localIp, std::strerror(errno));
+    }
+  }
+  return fd;
+}
+}  // namespace
+
+Result<UniqueFd> startConnect(const HostPort& remote, const std::string& localIp) {
+  auto addr = resolve(remote.host, remote.port);
+  if (!addr) return addr.status();
+  MERIDIAN_ASSIGN_OR_RETURN(UniqueFd fd, socketBoundTo(localIp));
+  int one = 1;
+  setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr.value()), sizeof(sockaddr_in)) != 0 &&
+      errno != EINPROGRESS) {
+    return peerError("connect to {}: {}", remote.toString(), std::strerror(errno));
+  }
+  return fd;
+}
+
 Result<UniqueFd> connectTo(const HostPort& remote, const std::string& localIp, TimePoint deadline) {
   auto addr = resolve(remote.host, remote.port);
   if (!addr) return addr.status();
   std::string lastError = "deadline passed before the first attempt";
   auto backoff = std::chrono::milliseconds(5);
   while (true) {
-    UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    if (!fd.valid()) return internalError("socket(): {}", std::strerror(errno));
-    if (!localIp.empty()) {
-      auto local = resolve(localIp, 0);
-      if (!local) return local.status();
-      if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&local.value()), sizeof(sockaddr_in)) != 0) {
-        return invalidArgument("cannot bind local address {}: {}", localIp, std::strerror(errno));
-      }
-    }
+    MERIDIAN_ASSIGN_OR_RETURN(UniqueFd fd, socketBoundTo(localIp));
     int rc = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr.value()), sizeof(sockaddr_in));
     if (rc != 0 && errno == EINPROGRESS) {
       pollfd p{fd.get(), POLLOUT, 0};

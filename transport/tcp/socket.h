@@ -27,6 +27,9 @@ Result<UniqueFd> listenOn(const std::string& ip, std::uint16_t port, bool nonBlo
 // different times), optionally binding the local side to `localIp` first. The returned
 // socket is blocking, with TCP_NODELAY set.
 Result<UniqueFd> connectTo(const HostPort& remote, const std::string& localIp, TimePoint deadline);
+// Starts a non-blocking connect (bound to `localIp` first when given): the socket is
+// connected or connecting (poll it for writability, then read SO_ERROR); TCP_NODELAY set.
+Result<UniqueFd> startConnect(const HostPort& remote, const std::string& localIp);
 // Local or remote "ip:port" of a socket.
 std::string localAddress(int fd);
 std::string peerAddress(int fd);

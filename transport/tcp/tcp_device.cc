@@ -25,6 +25,7 @@
 #include "transport/multipath/multipath_channel.h"
 #include "transport/tcp/handshake.h"
 #include "transport/tcp/socket.h"
+#include "transport/tcp/splice.h"
 
 namespace meridian::transport::tcp {
 
@@ -41,8 +42,23 @@ constexpr std::uint32_t kUrgentAckChunkBytes = 64 * 1024;
 constexpr std::int64_t kAckDelayUs = 200;
 constexpr std::size_t kAckBatchBytes = 32 * kFrameHeaderBytes;
 constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
+// Relays this device carries for others: each holds two buffers of kSpliceBufferBytes.
+constexpr std::size_t kMaxSplices = 64;
+constexpr std::size_t kSpliceBufferBytes = 256 * 1024;
 
 std::string errnoText(int e) { return std::strerror(e); }
+
+// What the client of a data stream tells the server: which stream of which path it is.
+ConnectInfo dataStreamInfo(std::uint64_t sessionId, int rank, std::size_t path, int stream, int streams) {
+  ConnectInfo info;
+  info.kind = ConnectionKind::kDataStream;
+  info.sessionId = sessionId;
+  info.rank = rank;
+  info.pathIndex = static_cast<std::uint16_t>(path);
+  info.streamIndex = static_cast<std::uint16_t>(stream);
+  info.streamCount = static_cast<std::uint16_t>(streams);
+  return info;
+}
 
 }  // namespace
 
@@ -102,7 +118,21 @@ struct ChannelEntry {
   std::shared_ptr<MultipathChannel> channel;
   std::vector<std::vector<std::unique_ptr<Stream>>> streams;  // [path][stream]
   std::vector<int> expectedStreams;                           // per path; 0 = not known yet
+  std::size_t directPaths = 0;                                // paths beyond these: the relay slot
+  std::vector<std::string> peerAddresses;                     // the peer's listen addresses
   bool ready = false;
+  bool usable() const { return ready && !channel->failed(); }
+  bool liveStreams(std::size_t path) const {
+    return std::any_of(streams[path].begin(), streams[path].end(), [](const auto& s) { return !s->dead; });
+  }
+};
+
+// A relay this device carries between two other ranks.
+struct RelayEntry {
+  std::unique_ptr<Splice> splice;
+  std::uint32_t eventsA = 0, eventsB = 0;  // registered with epoll
+  std::uint64_t counted = 0;               // bytes already added to the metric
+  std::string what;                        // "rank 1 -> rank 2 (session ...)"
 };
 
 // The progress thread's doorbell (an eventfd). Channels hold it by shared_ptr, so a
@@ -160,6 +190,9 @@ struct TcpDevice::Impl {
   std::vector<UnclaimedStream> unclaimed;
   std::vector<std::unique_ptr<ChannelEntry>> channels;
   std::map<int, Stream*> streamsByFd;
+  std::vector<std::unique_ptr<RelayEntry>> relays;
+  std::map<int, RelayEntry*> relaysByFd;
+  Counter* relayedBytes = nullptr;
   std::int64_t lastStallCheckUs = 0;
   std::int64_t lastTcpInfoUs = 0;
   static constexpr std::int64_t kTcpInfoPeriodUs = 1'000'000;  // TCP_INFO of every stream, once a second
@@ -196,6 +229,13 @@ struct TcpDevice::Impl {
   void acceptAll(std::size_t listenerIndex);
   void stepHandshake(PendingHandshake& hs, std::uint32_t events);
   void claimStreams();
+  ChannelEntry* findChannel(std::uint64_t sessionId, int peerRank);
+  // Why a relay request may not be served (ok: it may).
+  Status checkRelayRequest(const ConnectInfo& info);
+  void startRelay(PendingHandshake& hs);
+  void stepRelay(RelayEntry& r);
+  // Queues a CLOSE frame on a stream between frames and sends it (bounded wait).
+  void sayGoodbye(Stream& s);
   void attachStream(ChannelEntry& e, UniqueFd fd, std::size_t path);
   void readStream(Stream& s);
   void flushStream(Stream& s);
@@ -313,10 +353,17 @@ void TcpDevice::Impl::stepHandshake(PendingHandshake& hs, std::uint32_t events) 
         if (r < 0) return drop("closed before authenticating");
         if (r == 0) return;
         hs.info = verifyAuth(secret, hs.clientNonce, hs.serverNonce, hs.in);
-        if (hs.info && hs.info->kind != ConnectionKind::kDataStream) {
+        HandshakeResult result = hs.info ? HandshakeResult::kOk : HandshakeResult::kAuthFailed;
+        if (hs.info && hs.info->kind == ConnectionKind::kRelay) {
+          if (Status why = checkRelayRequest(hs.info.value()); !why.isOk()) {
+            hs.info = why;
+            result = HandshakeResult::kRejected;
+          }
+        } else if (hs.info && hs.info->kind != ConnectionKind::kDataStream) {
           hs.info = peerError("handshake: a {} connection reached a data listener", static_cast<int>(hs.info->kind));
+          result = HandshakeResult::kRejected;
         }
-        auto res = encodeResult(hs.info ? HandshakeResult::kOk : HandshakeResult::kAuthFailed);
+        auto res = encodeResult(result);
         hs.out.assign(res.begin(), res.end());
         hs.outDone = 0;
         hs.step = PendingHandshake::Step::kWriteResult;
@@ -330,6 +377,7 @@ void TcpDevice::Impl::stepHandshake(PendingHandshake& hs, std::uint32_t events) 
           epollSet(hs.fd.get(), EPOLLOUT, false);
           return;
         }
+        if (hs.info->kind == ConnectionKind::kRelay) return startRelay(hs);
         ::epoll_ctl(epfd.get(), EPOLL_CTL_DEL, hs.fd.get(), nullptr);
         UnclaimedStream u{std::move(hs.fd), hs.info.value(), Clock::now() + unclaimedTimeout};
         int key = u.fd.get();
@@ -342,22 +390,46 @@ void TcpDevice::Impl::stepHandshake(PendingHandshake& hs, std::uint32_t events) 
   }
 }
 
+ChannelEntry* TcpDevice::Impl::findChannel(std::uint64_t sessionId, int peerRank) {
+  ChannelEntry* match = nullptr;
+  for (auto& e : channels) {
+    if (e->sessionId == sessionId && e->peerRank == peerRank && !e->channel->failed()) match = e.get();
+  }
+  return match;
+}
+
 void TcpDevice::Impl::claimStreams() {
   for (auto it = unclaimed.begin(); it != unclaimed.end();) {
-    ChannelEntry* match = nullptr;
-    for (auto& e : channels) {
-      if (e->sessionId == it->info.sessionId && e->peerRank == it->info.rank && !e->channel->failed()) match = e.get();
-    }
+    ChannelEntry* match = findChannel(it->info.sessionId, it->info.rank);
     if (match == nullptr || it->info.pathIndex >= match->streams.size()) {
       ++it;
       continue;
     }
-    std::size_t path = it->info.pathIndex;
+    const std::size_t path = it->info.pathIndex;
+    const bool relayStream = path >= match->directPaths;
+    const int via = it->info.relayTarget;
+    if (relayStream) {
+      // A new relay replaces what is left of the old one: dead streams, or a complete set
+      // the peer has given up on (it opens a relay only while its slot is down).
+      auto& v = match->streams[path];
+      const auto live = std::count_if(v.begin(), v.end(), [](const auto& s) { return !s->dead; });
+      if (live > 0 && live >= match->expectedStreams[path]) {
+        failPath(*match, path, pathError("relay replaced by a new one"), true);
+      }
+      if (std::none_of(v.begin(), v.end(), [](const auto& s) { return !s->dead; })) {
+        v.clear();
+        match->expectedStreams[path] = 0;
+      }
+    }
     if (match->expectedStreams[path] == 0) match->expectedStreams[path] = it->info.streamCount;
     attachStream(*match, std::move(it->fd), path);
     it = unclaimed.erase(it);
+    if (relayStream) {
+      if (match->ready) match->channel->onPathUp(path, via);
+      continue;
+    }
     bool all = true;
-    for (std::size_t p = 0; p < match->streams.size(); ++p) {
+    for (std::size_t p = 0; p < match->directPaths; ++p) {
       if (match->expectedStreams[p] == 0 || static_cast<int>(match->streams[p].size()) < match->expectedStreams[p]) {
         all = false;
       }
@@ -370,6 +442,83 @@ void TcpDevice::Impl::claimStreams() {
       }
     }
   }
+}
+
+// ------------------------------------------------------------------ relays
+
+Status TcpDevice::Impl::checkRelayRequest(const ConnectInfo& info) {
+  if (!options.relaySlot) return peerError("relay from rank {} refused: this device does not relay", info.rank);
+  if (relays.size() >= kMaxSplices) return peerError("relay from rank {} refused: {} relays already", info.rank, relays.size());
+  ChannelEntry* from = findChannel(info.sessionId, info.rank);
+  ChannelEntry* to = findChannel(info.sessionId, info.relayTarget);
+  // Only for members of a session this device is in, to addresses that session published:
+  // never an open proxy.
+  if (from == nullptr || !from->ready || to == nullptr || !to->ready) {
+    return peerError("relay from rank {} to rank {} refused: no open channels to both in session {:x}", info.rank,
+                     info.relayTarget, info.sessionId);
+  }
+  if (info.pathIndex >= to->directPaths) {
+    return peerError("relay to rank {} refused: it has no path {}", info.relayTarget, info.pathIndex);
+  }
+  return Status::ok();
+}
+
+void TcpDevice::Impl::startRelay(PendingHandshake& hs) {
+  const ConnectInfo info = hs.info.value();
+  ::epoll_ctl(epfd.get(), EPOLL_CTL_DEL, hs.fd.get(), nullptr);
+  UniqueFd client = std::move(hs.fd);
+  const std::string peer = hs.peer;
+  handshakes.erase(client.get());  // destroys hs
+  ChannelEntry* to = findChannel(info.sessionId, info.relayTarget);
+  if (to == nullptr || !to->usable()) {
+    MLOG_WARN(kTransport, "relay from rank {} ({}): rank {} went away", info.rank, peer, info.relayTarget);
+    return;
+  }
+  const std::string& target = to->peerAddresses[info.pathIndex];
+  auto remote = parseHostPort(target);
+  Result<UniqueFd> fd = remote ? startConnect(remote.value(), info.pathIndex < localIps.size() ? localIps[info.pathIndex] : "")
+                               : Result<UniqueFd>(remote.status());
+  if (!fd) {
+    MLOG_WARN(kTransport, "relay from rank {} to rank {} at {}: {}", info.rank, info.relayTarget, target,
+              fd.status().message());
+    return;
+  }
+  tuneDataSocket(client.get(), options.socketBufferBytes);
+  tuneDataSocket(fd->get(), options.socketBufferBytes);
+  auto r = std::make_unique<RelayEntry>();
+  r->splice = std::make_unique<Splice>(std::move(client), std::move(fd.value()), kSpliceBufferBytes);
+  r->what = fmt::format("rank {} -> rank {} (session {:x}, plane {})", info.rank, info.relayTarget, info.sessionId,
+                        info.pathIndex);
+  r->eventsA = r->splice->interestA();
+  r->eventsB = r->splice->interestB();
+  epollSet(r->splice->fdA(), r->eventsA, true);
+  epollSet(r->splice->fdB(), r->eventsB, true);
+  relaysByFd[r->splice->fdA()] = r.get();
+  relaysByFd[r->splice->fdB()] = r.get();
+  MLOG_INFO(kTransport, "relaying {}", r->what);
+  relays.push_back(std::move(r));
+}
+
+void TcpDevice::Impl::stepRelay(RelayEntry& r) {
+  Splice::State state = r.splice->pump();
+  const std::uint64_t moved = r.splice->bytesForwarded();
+  relayedBytes->add(moved - r.counted);
+  r.counted = moved;
+  if (state == Splice::State::kRunning) {
+    if (r.splice->interestA() != r.eventsA) epollSet(r.splice->fdA(), r.eventsA = r.splice->interestA(), false);
+    if (r.splice->interestB() != r.eventsB) epollSet(r.splice->fdB(), r.eventsB = r.splice->interestB(), false);
+    return;
+  }
+  if (state == Splice::State::kFailed) {
+    MLOG_WARN(kTransport, "relay {} ended: {} ({} bytes forwarded)", r.what, r.splice->error(), moved);
+  } else {
+    MLOG_INFO(kTransport, "relay {} closed ({} bytes forwarded)", r.what, moved);
+  }
+  for (int fd : {r.splice->fdA(), r.splice->fdB()}) {
+    ::epoll_ctl(epfd.get(), EPOLL_CTL_DEL, fd, nullptr);
+    relaysByFd.erase(fd);
+  }
+  std::erase_if(relays, [&](const auto& x) { return x.get() == &r; });  // destroys r
 }
 
 void TcpDevice::Impl::attachStream(ChannelEntry& e, UniqueFd fd, std::size_t path) {
@@ -659,6 +808,10 @@ void TcpDevice::Impl::processEvents(const epoll_event* events, int n) {
       stepHandshake(*hs->second, ev);
       continue;
     }
+    if (auto r = relaysByFd.find(fd); r != relaysByFd.end()) {
+      stepRelay(*r->second);
+      continue;
+    }
     // Another thread may have handled this event already (and even closed the fd):
     // handlers find nothing to read or write then.
     auto st = streamsByFd.find(fd);
@@ -726,27 +879,32 @@ void TcpDevice::Impl::loop() {
   poller->impl = nullptr;
 }
 
-void TcpDevice::Impl::shutdownAll() {
-  // Say goodbye on every stream so peers know the close is on purpose, then close.
+void TcpDevice::Impl::sayGoodbye(Stream& s) {
+  // Only between frames: finish pending control frames first; a data frame cut midway gets
+  // no CLOSE (the peer then sees an abrupt end, which is the truth).
+  if (s.writing && s.written > 0) return;
   FrameHeader close;
   close.type = FrameType::kClose;
   auto bytes = encodeFrameHeader(close);
+  s.ctrl.insert(s.ctrl.end(), bytes.begin(), bytes.end());
+  (void)sendAll(s.fd.get(), s.ctrl.data() + s.ctrlDone, s.ctrl.size() - s.ctrlDone,
+                Clock::now() + std::chrono::milliseconds(200));
+}
+
+void TcpDevice::Impl::shutdownAll() {
+  // Say goodbye on every stream so peers know the close is on purpose, then close.
   for (auto& e : channels) {
     for (auto& path : e->streams) {
       for (auto& s : path) {
         if (s->dead) continue;
-        // Only between frames: finish pending control frames first; a data frame cut
-        // midway gets no CLOSE (the peer then sees an abrupt end, which is the truth).
-        if (!s->writing || s->written == 0) {
-          s->ctrl.insert(s->ctrl.end(), bytes.begin(), bytes.end());
-          (void)sendAll(s->fd.get(), s->ctrl.data() + s->ctrlDone, s->ctrl.size() - s->ctrlDone,
-                        Clock::now() + std::chrono::milliseconds(200));
-        }
+        sayGoodbye(*s);
         ::shutdown(s->fd.get(), SHUT_WR);
       }
     }
     e->channel->fail(commError("the transport device was closed"));
   }
+  relaysByFd.clear();
+  relays.clear();
 }
 
 // ------------------------------------------------------------------ public API
@@ -818,6 +976,9 @@ Result<std::unique_ptr<TcpDevice>> TcpDevice::create(DeviceOptions options) {
     impl->listeners.push_back(std::move(fd.value()));
   }
   impl->options = std::move(options);
+  impl->relayedBytes = &MetricsRegistry::global().counter(
+      "meridian_transport_relayed_bytes_total", "Bytes this rank forwarded on relay paths between two other ranks",
+      {{"device", impl->options.name}});
   impl->epfd.reset(::epoll_create1(EPOLL_CLOEXEC));
   impl->waker->fd.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!impl->epfd.valid() || !impl->waker->fd.valid()) return internalError("epoll/eventfd: {}", errnoText(errno));
@@ -840,11 +1001,14 @@ Result<ChannelPtr> TcpDevice::openChannel(const ChannelSpec& spec, TimePoint dea
   std::size_t nPaths = std::min(d.localIps.size(), spec.peerAddresses.size());
   std::vector<PathEndpoints> endpoints;
   for (std::size_t p = 0; p < nPaths; ++p) endpoints.push_back({d.listenAddrs[p], spec.peerAddresses[p]});
+  if (d.options.relaySlot) endpoints.push_back({"", "relay", true});
   auto entry = std::make_unique<ChannelEntry>();
   entry->sessionId = spec.sessionId;
   entry->peerRank = spec.peerRank;
-  entry->streams.resize(nPaths);
-  entry->expectedStreams.assign(nPaths, 0);
+  entry->directPaths = nPaths;
+  entry->peerAddresses = spec.peerAddresses;
+  entry->streams.resize(endpoints.size());
+  entry->expectedStreams.assign(endpoints.size(), 0);
   entry->channel = std::make_shared<MultipathChannel>(spec.peerRank, std::move(endpoints), d.channelConfig(),
                                                       [waker = d.waker] { waker->ring(); }, d.poller);
   ChannelEntry* e = entry.get();
@@ -857,13 +1021,7 @@ Result<ChannelPtr> TcpDevice::openChannel(const ChannelSpec& spec, TimePoint dea
       for (int s = 0; s < d.options.streamsPerPath; ++s) {
         auto fd = connectTo(remote.value(), d.localIps[p], deadline);
         if (!fd) return fd.status().withContext(fmt::format("path {} to rank {}", p, spec.peerRank));
-        ConnectInfo info;
-        info.kind = ConnectionKind::kDataStream;
-        info.sessionId = spec.sessionId;
-        info.rank = spec.selfRank;
-        info.pathIndex = static_cast<std::uint16_t>(p);
-        info.streamIndex = static_cast<std::uint16_t>(s);
-        info.streamCount = static_cast<std::uint16_t>(d.options.streamsPerPath);
+        const ConnectInfo info = dataStreamInfo(spec.sessionId, spec.selfRank, p, s, d.options.streamsPerPath);
         Status st = clientHandshake(fd->get(), d.options.secret, info, deadline);
         if (!st.isOk()) return st.withContext(fmt::format("path {} to rank {}", p, spec.peerRank));
         fds.emplace_back(p, std::move(fd.value()));
@@ -890,6 +1048,82 @@ Result<ChannelPtr> TcpDevice::openChannel(const ChannelSpec& spec, TimePoint dea
   }
   MLOG_DEBUG(kTransport, "channel to rank {} open over {} path(s)", spec.peerRank, nPaths);
   return ChannelPtr(e->channel);
+}
+
+Status TcpDevice::openRelay(const RelaySpec& spec, TimePoint deadline) {
+  Impl& d = *impl_;
+  if (spec.viaRank == spec.peerRank || spec.viaRank == spec.selfRank || spec.peerRank == spec.selfRank) {
+    return invalidArgument("a relay needs three different ranks, not {} -> {} via {}", spec.selfRank, spec.peerRank,
+                           spec.viaRank);
+  }
+  std::size_t slot = 0;
+  std::string localIp;
+  Status usable = Status::ok();
+  d.runOnProgress([&] {
+    ChannelEntry* e = d.findChannel(spec.sessionId, spec.peerRank);
+    if (e == nullptr || !e->ready) {
+      usable = invalidArgument("no open channel to rank {} in session {:x}", spec.peerRank, spec.sessionId);
+    } else if (e->streams.size() == e->directPaths) {
+      usable = invalidArgument("the channel to rank {} has no relay slot (MERIDIAN_RELAY=off)", spec.peerRank);
+    } else if (spec.plane < 0 || static_cast<std::size_t>(spec.plane) >= e->directPaths) {
+      usable = invalidArgument("no plane {} to relay on", spec.plane);
+    } else if (e->liveStreams(e->directPaths)) {
+      usable = againStatus("the relay slot to rank {} is in use", spec.peerRank);
+    } else {
+      slot = e->directPaths;
+      localIp = d.localIps[static_cast<std::size_t>(spec.plane)];
+    }
+  });
+  MERIDIAN_RETURN_IF_ERROR(usable);
+  auto via = parseHostPort(spec.viaAddress);
+  if (!via) return via.status();
+  const std::string what = fmt::format("relay to rank {} via rank {} ({})", spec.peerRank, spec.viaRank, spec.viaAddress);
+  std::vector<UniqueFd> fds;
+  for (int s = 0; s < d.options.streamsPerPath; ++s) {
+    auto fd = connectTo(via.value(), localIp, deadline);
+    if (!fd) return fd.status().withContext(what);
+    ConnectInfo hop;  // to via: splice me through to the peer
+    hop.kind = ConnectionKind::kRelay;
+    hop.sessionId = spec.sessionId;
+    hop.rank = spec.selfRank;
+    hop.pathIndex = static_cast<std::uint16_t>(spec.plane);
+    hop.relayTarget = spec.peerRank;
+    MERIDIAN_RETURN_IF_ERROR(clientHandshake(fd->get(), d.options.secret, hop, deadline).withContext(what));
+    // To the peer, end to end through via.
+    ConnectInfo info = dataStreamInfo(spec.sessionId, spec.selfRank, slot, s, d.options.streamsPerPath);
+    info.relayTarget = spec.viaRank;
+    MERIDIAN_RETURN_IF_ERROR(clientHandshake(fd->get(), d.options.secret, info, deadline).withContext(what));
+    fds.push_back(std::move(fd.value()));
+  }
+  Status attached = Status::ok();
+  d.runOnProgress([&] {
+    ChannelEntry* e = d.findChannel(spec.sessionId, spec.peerRank);
+    if (e == nullptr || e->liveStreams(slot)) {
+      attached = againStatus("{}: the channel failed or its slot was taken meanwhile", what);
+      return;
+    }
+    e->streams[slot].clear();
+    for (auto& fd : fds) d.attachStream(*e, std::move(fd), slot);
+    e->expectedStreams[slot] = d.options.streamsPerPath;
+    e->channel->onPathUp(slot, spec.viaRank);
+  });
+  return attached;
+}
+
+Status TcpDevice::closeRelay(std::uint64_t sessionId, int peerRank) {
+  Status result = Status::ok();
+  impl_->runOnProgress([&] {
+    ChannelEntry* e = impl_->findChannel(sessionId, peerRank);
+    if (e == nullptr || e->streams.size() == e->directPaths || !e->liveStreams(e->directPaths)) {
+      result = invalidArgument("no relay is up to rank {} in session {:x}", peerRank, sessionId);
+      return;
+    }
+    for (auto& s : e->streams[e->directPaths]) {
+      if (!s->dead) impl_->sayGoodbye(*s);
+    }
+    impl_->failPath(*e, e->directPaths, pathError("relay closed"), true);
+  });
+  return result;
 }
 
 Status TcpDevice::cutPath(std::uint64_t sessionId, int peerRank, int pathIndex) {

@@ -30,6 +30,22 @@ struct DeviceOptions {
   std::string secret;              // empty: loadJobSecret()
   std::string name = "0";          // progress thread name suffix and metrics label
   bool adaptive = true;            // false: static striping (MultipathConfig::adaptive)
+  // Every channel gets one more path, a relay slot (down until openRelay), and this device
+  // relays for its channels' peers. Both ends of a channel must agree (MERIDIAN_RELAY).
+  bool relaySlot = false;
+};
+
+// A relay path from this rank to `peerRank` through `viaRank`: the streams go to via's
+// `viaAddress` (its listen address on plane `plane`), and via splices them through to the
+// peer's address on the same plane. Both ends must already have channels to via, and to
+// each other, in the session.
+struct RelaySpec {
+  std::uint64_t sessionId = 0;
+  int selfRank = 0;
+  int peerRank = 0;
+  int viaRank = 0;
+  std::string viaAddress;
+  int plane = 0;
 };
 
 // How to open a channel: the lower rank initiates; the other side waits for its streams.
@@ -56,6 +72,16 @@ class TcpDevice {
   // and authenticated, or the deadline passes. Local path i connects to the peer's path
   // i (paths beyond the shorter list are unused).
   Result<ChannelPtr> openChannel(const ChannelSpec& spec, TimePoint deadline);
+
+  // Connects the relay slot of the channel to spec.peerRank through spec.viaRank (see
+  // RelaySpec): the two ranks authenticate each other end to end through via, which only
+  // forwards bytes, and from then on the channel stripes over the relay path too. Blocks
+  // the calling thread for a few round trips. kAgain when the slot is in use already;
+  // invalidArgument without a relay slot or such a channel; peerError when via refuses.
+  Status openRelay(const RelaySpec& spec, TimePoint deadline);
+  // Closes the relay slot of the channel to `peerRank` on purpose (its chunks move to the
+  // direct paths). invalidArgument when there is no such channel or no relay is up.
+  Status closeRelay(std::uint64_t sessionId, int peerRank);
 
   // Test seam: abruptly closes every stream of path `pathIndex` of the channel to
   // `peerRank` in `sessionId` (as a cable pull would), on the progress thread.
