@@ -42,6 +42,8 @@ constexpr std::array<const char*, static_cast<std::size_t>(Communicator::OpKind:
 
 // Payload size classes for the latency histogram.
 constexpr std::array<const char*, 4> kSizeClasses{"le_4KiB", "le_64KiB", "le_4MiB", "gt_4MiB"};
+// How long opening a relay may take (a few round trips to the via rank and the peer).
+constexpr auto kRelayOpenTimeout = std::chrono::seconds(10);
 std::size_t sizeClass(std::size_t bytes) {
   if (bytes <= (std::size_t{4} << 10)) return 0;
   if (bytes <= (std::size_t{64} << 10)) return 1;
@@ -134,8 +136,12 @@ Result<std::unique_ptr<Communicator>> Communicator::create(Store& store, int ran
                            comm->algo_);
   }
   comm->algoChoice_ = known->second;
+  const std::string relay = knobString(knobs::kRelay);
+  if (relay != "auto" && relay != "off") return invalidArgument("MERIDIAN_RELAY must be auto or off, not '{}'", relay);
+  comm->relay_ = comm->adaptive_ && relay == "auto";
   transport::tcp::DeviceOptions dev;
   dev.adaptive = comm->adaptive_;
+  dev.relaySlot = comm->relay_;
   dev.localAddresses = opts.localAddresses;
   dev.streamsPerPath = opts.streamsPerPath;
   dev.secret = opts.secret;
@@ -170,6 +176,7 @@ Result<std::unique_ptr<Communicator>> Communicator::create(Store& store, int ran
 
   // Full mesh: connect to every higher rank, then take the lower ranks' connections.
   comm->channels_.resize(static_cast<std::size_t>(worldSize));
+  comm->peerAddresses_.resize(static_cast<std::size_t>(worldSize));
   auto open = [&](int peer, bool initiate) -> Status {
     transport::tcp::ChannelSpec spec;
     spec.sessionId = comm->sessionId_;
@@ -179,6 +186,7 @@ Result<std::unique_ptr<Communicator>> Communicator::create(Store& store, int ran
     // Both sides pass the peer's addresses: the path count is min(ours, theirs).
     const auto& blob = blobs[static_cast<std::size_t>(peer)];
     spec.peerAddresses = splitCommaList(std::string(blob.begin(), blob.end()));
+    comm->peerAddresses_[static_cast<std::size_t>(peer)] = spec.peerAddresses;
     auto ch = comm->device_->openChannel(spec, deadline);
     if (!ch.isOk()) return ch.status().withContext(fmt::format("rank {}: channel to rank {}", rank, peer));
     comm->channels_[static_cast<std::size_t>(peer)] = std::move(ch).value();
@@ -285,6 +293,17 @@ Status Communicator::startRouting(Store& store, const std::string& base, const C
                            : std::chrono::milliseconds(knobInt(knobs::kChaosReplanMs, 0, 86'400'000));
     rc.adaptive = adaptive_;
     rc.regionNames = regionNames_;
+    if (relay_) {
+      rc.openRelay = [this](int peer, int via, int plane) {
+        const auto& addresses = peerAddresses_[static_cast<std::size_t>(via)];
+        if (plane < 0 || static_cast<std::size_t>(plane) >= addresses.size()) {
+          return invalidArgument("rank {} has no plane {}", via, plane);
+        }
+        transport::tcp::RelaySpec spec{sessionId_, rank_, peer, via, addresses[static_cast<std::size_t>(plane)], plane};
+        return device_->openRelay(spec, Clock::now() + kRelayOpenTimeout);
+      };
+      rc.closeRelay = [this](int peer) { return device_->closeRelay(sessionId_, peer); };
+    }
     control_ = std::make_unique<RoutingControl>(rank_, size_, channels_, monitor_.get(), planSync_.get(), rc);
     control_->start();
   }

@@ -228,6 +228,8 @@ class Communicator {
   double meanOpSec_ = 0;  // recent collective durations (op thread), spaces plan checkpoints
   std::unique_ptr<transport::tcp::TcpDevice> device_;
   std::vector<transport::ChannelPtr> channels_;  // [rank]; [rank_] is null; cleared on abort
+  std::vector<std::vector<std::string>> peerAddresses_;  // [rank]: its listen addresses, per plane
+  bool relay_ = false;  // channels have relay slots (adaptive routing, MERIDIAN_RELAY=auto)
   // After the channels: it hands them weights from its own thread, so it goes first.
   std::unique_ptr<routing::PathMonitor> monitor_;
   std::vector<std::string> regionNames_;

@@ -22,6 +22,18 @@ Counter& replans(const char* reason) {
                                            "Collective plans rank 0 published, by reason", {{"reason", reason}});
 }
 
+Counter& relayChanges(int rank, const char* action) {
+  return MetricsRegistry::global().counter("meridian_routing_relay_changes_total",
+                                           "Relay paths this rank opened or closed (or failed to open)",
+                                           {{"rank", std::to_string(rank)}, {"action", action}});
+}
+
+Gauge& relayVia(int rank, int peer) {
+  return MetricsRegistry::global().gauge("meridian_routing_relay_via_rank",
+                                         "The rank the relay path to a peer goes through (-1: none)",
+                                         {{"rank", std::to_string(rank)}, {"peer", std::to_string(peer)}});
+}
+
 std::string sizeName(std::size_t bytes) {
   if (bytes >= (std::size_t{1} << 30)) return fmt::format("{} GiB", bytes >> 30);
   if (bytes >= (std::size_t{1} << 20)) return fmt::format("{} MiB", bytes >> 20);
@@ -39,6 +51,7 @@ RoutingControl::RoutingControl(int rank, int size, std::vector<transport::Channe
       sync_(sync),
       options_(std::move(options)),
       io_(static_cast<std::size_t>(size)),
+      nextRelayChange_(static_cast<std::size_t>(size)),
       table_(size) {}
 
 RoutingControl::~RoutingControl() { stop(); }
@@ -130,6 +143,7 @@ void RoutingControl::tick(TimePoint now) {
         io.failed = true;
       }
     }
+    updateRelays(now);
   }
   if (rank_ != 0) return;
   if (options_.adaptive && now >= nextReplan_ && now >= nextReplanCheck_) {
@@ -198,6 +212,71 @@ routing::RegionAssignment RoutingControl::regions() const {
   if (named.isOk()) return std::move(named).value();
   auto inferred = routing::inferRegions(table().rttMatrixUs(), size_);
   return inferred.isOk() ? std::move(inferred).value() : routing::RegionAssignment{};
+}
+
+int RoutingControl::relayPlane(const routing::LinkStateTable& table, int peer, int via, int planes) const {
+  // A leg's figures on plane p, as the rank at its start measured them.
+  auto leg = [&](int from, int to, int p) -> double {
+    const auto& row = table.row(from);
+    if (!row) return 1e300;
+    for (const routing::LinkFigures& f : row->links) {
+      if (f.peer != to || f.path != p) continue;
+      if (f.congested) return 0;
+      return f.rateBytesPerSec.value_or(1e300);
+    }
+    return 1e300;
+  };
+  int best = 0;
+  double bestRate = -1;
+  for (int p = 0; p < planes; ++p) {
+    const double rate = std::min(leg(rank_, via, p), leg(via, peer, p));
+    if (rate > bestRate) {
+      bestRate = rate;
+      best = p;
+    }
+  }
+  return best;
+}
+
+void RoutingControl::updateRelays(TimePoint now) {
+  if (!options_.adaptive || !options_.openRelay || size_ < 3) return;
+  const routing::LinkStateTable t = table();
+  if (!t.complete()) return;
+  routing::RegionAssignment regions;
+  const routing::NetworkView view = currentView(&regions);
+  if (!routing::validate(view).isOk()) return;
+  for (int peer = rank_ + 1; peer < size_; ++peer) {  // the lower rank of a pair decides
+    const auto& ch = channels_[static_cast<std::size_t>(peer)];
+    if (!ch || io_[static_cast<std::size_t>(peer)].failed || now < nextRelayChange_[static_cast<std::size_t>(peer)]) {
+      continue;
+    }
+    const std::vector<transport::PathStats> stats = ch->pathStats();
+    if (stats.size() < 2 || !stats.back().relay) return;  // no relay slots (MERIDIAN_RELAY=off)
+    const int current = stats.back().alive ? stats.back().relayVia : -1;
+    relayVia(rank_, peer).set(current);  // also when it went away on its own (the via rank failed)
+    const routing::RelayOffer offer = routing::bestRelay(view, rank_, peer, kRelayReferenceBytes);
+    if (current < 0 && offer.via >= 0 && offer.relaySec <= kRelayOpenRatio * offer.directSec) {
+      nextRelayChange_[static_cast<std::size_t>(peer)] = now + kRelayHold;
+      const int plane = relayPlane(t, peer, offer.via, static_cast<int>(stats.size()) - 1);
+      Status st = options_.openRelay(peer, offer.via, plane);
+      if (st.isOk()) {
+        MLOG_INFO(kRouting, "relay to rank {} through rank {} (plane {}): 16 MiB direct {:.3g} s, two hops {:.3g} s",
+                  peer, offer.via, plane, offer.directSec, offer.relaySec);
+        relayChanges(rank_, "open").add();
+        relayVia(rank_, peer).set(offer.via);
+      } else {
+        MLOG_WARN(kRouting, "relay to rank {} through rank {}: {}", peer, offer.via, st.toString());
+        relayChanges(rank_, "open_failed").add();
+      }
+    } else if (current >= 0 && offer.via < 0) {
+      nextRelayChange_[static_cast<std::size_t>(peer)] = now + kRelayHold;
+      MLOG_INFO(kRouting, "relay to rank {} through rank {} closed: the direct link is as good again ({:.3g} s)", peer,
+                current, offer.directSec);
+      (void)options_.closeRelay(peer);
+      relayChanges(rank_, "close").add();
+      relayVia(rank_, peer).set(-1);
+    }
+  }
 }
 
 routing::NetworkView RoutingControl::currentView(routing::RegionAssignment* regions) const {

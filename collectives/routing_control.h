@@ -19,6 +19,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -34,6 +35,12 @@
 namespace meridian::collectives {
 
 inline constexpr double kReplanGain = 0.10;
+// Relays: a 16 MiB transfer is the reference; a relay opens when two hops are predicted to
+// take at most kRelayOpenRatio of the direct time, closes when no third rank beats direct any
+// more, and a pair's relay changes at most every kRelayHold.
+inline constexpr double kRelayReferenceBytes = 16.0 * 1024 * 1024;
+inline constexpr double kRelayOpenRatio = 0.7;
+inline constexpr auto kRelayHold = std::chrono::seconds(10);
 
 struct RoutingControlOptions {
   std::chrono::milliseconds linkStateInterval{1000};
@@ -41,6 +48,11 @@ struct RoutingControlOptions {
   std::chrono::milliseconds chaosInterval{0};  // 0: no forced replans
   bool adaptive = true;
   std::vector<std::string> regionNames;  // per rank; all non-empty: regions by name
+  // Relay paths (adaptive routing, three ranks or more; empty: none). The lower rank of each
+  // pair decides, from its copy of the table: it opens the relay slot of its channel to
+  // `peer` through `via` on plane `plane`, and closes it again.
+  std::function<Status(int peer, int via, int plane)> openRelay;
+  std::function<Status(int peer)> closeRelay;
 };
 
 class RoutingControl {
@@ -68,6 +80,10 @@ class RoutingControl {
   routing::LinkRow ownRow() const;
   routing::NetworkView currentView(routing::RegionAssignment* regions) const;
   void replan(TimePoint now);
+  void updateRelays(TimePoint now);
+  // The plane a relay to `peer` through `via` should use: the one whose two legs are not
+  // congested and have the best measured rate (unmeasured counts as good).
+  int relayPlane(const routing::LinkStateTable& table, int peer, int via, int planes) const;
   void postRowReceive(int peer);
 
   const int rank_;
@@ -91,6 +107,7 @@ class RoutingControl {
   TimePoint nextReplan_{};       // proposals at most every replanInterval
   TimePoint nextChaos_{};
   std::uint64_t chaosSeed_ = 1;
+  std::vector<TimePoint> nextRelayChange_;  // per peer
 
   mutable std::mutex mu_;
   routing::LinkStateTable table_;

@@ -46,6 +46,9 @@
     "Period of the probes sent on every path to every peer, in milliseconds.")                     \
   X(kRouting, "MERIDIAN_ROUTING", String, "adaptive",                                              \
     "adaptive: re-plan collectives and path weights from measurements; static: never adapt.")      \
+  X(kRelay, "MERIDIAN_RELAY", String, "auto",                                                      \
+    "auto: with adaptive routing, a channel adds a relay path through a third rank while its "     \
+    "direct link is worse than two hops; off: never (every rank must agree).")                     \
   X(kAlgo, "MERIDIAN_ALGO", String, "auto",                                                        \
     "Allreduce algorithm: auto (the planner's choice once links are measured), ring, "             \
     "recursive_doubling or hierarchical (by region).")                                              \

@@ -703,6 +703,28 @@ const char* algorithmName(Algorithm algorithm) {
   return "unknown";
 }
 
+RelayOffer bestRelay(const NetworkView& view, int a, int b, double bytes) {
+  RelayOffer best;
+  best.directSec = std::max(linkSec(view, a, b, bytes), linkSec(view, b, a, bytes));
+  best.relaySec = kInf;
+  auto viaSec = [&](int from, int c, int to) {
+    const LinkCost& x = view.link(from, c);
+    const LinkCost& y = view.link(c, to);
+    const double rate = std::min(x.bytesPerSec, y.bytesPerSec);
+    return rate > 0 ? x.latencySec + y.latencySec + bytes / rate : kInf;
+  };
+  for (int c = 0; c < view.ranks; ++c) {
+    if (c == a || c == b) continue;
+    const double sec = std::max(viaSec(a, c, b), viaSec(b, c, a));
+    if (sec < best.relaySec) {
+      best.relaySec = sec;
+      best.via = c;
+    }
+  }
+  if (!(best.relaySec < best.directSec)) best.via = -1;
+  return best;
+}
+
 double predictSeconds(const NetworkView& view, const Plan& plan, std::size_t bytes) {
   const int n = view.ranks;
   const double b = static_cast<double>(bytes);

@@ -151,6 +151,18 @@ inline constexpr std::size_t kMinClassBytes = std::size_t{1} << 10;
 inline constexpr std::size_t kMaxClassBytes = std::size_t{1} << 30;
 PlanTable planAll(const NetworkView& view);
 
+// A relay path offered to the multipath channel between ranks a and b: through `via`, a third
+// rank, when the direct link is worse than two hops.
+struct RelayOffer {
+  int via = -1;          // -1: no third rank beats the direct link
+  double directSec = 0;  // a transfer of the reference size, direct (the slower direction)
+  double relaySec = 0;   // ... and through `via` (the slower direction)
+};
+// Direct costs latency + bytes / rate; through c, both legs' latencies plus the bytes at the
+// slower leg's rate (the relay forwards as it receives). Both directions are costed and the
+// slower counts, as a relay path carries both. The best third rank, when it beats direct.
+RelayOffer bestRelay(const NetworkView& view, int a, int b, double bytes);
+
 // Validates a view: ranks >= 1, regions >= 1, links of ranks*ranks entries, regionOf of ranks
 // entries each in [0, regions), off-diagonal latencies and rates finite and >= 0.
 // invalidArgument otherwise. The other functions assume a valid view.

@@ -531,3 +531,55 @@ TEST(PlannerTest, AlgorithmNames) {
 
 }  // namespace
 }  // namespace meridian::routing
+
+namespace meridian::routing {
+namespace {
+
+TEST(PlannerRelayTest, ACongestedPairIsOfferedTheBestTwoHopRelay) {
+  NetworkView v = threeRegions();
+  // London (ranks 0, 3) -> Virginia (1, 4) at 4 Mbit/s, one direction only. Two hops through
+  // a Singapore rank (85 + 110 ms, 400 Mbit/s) beat it; through the other London or Virginia
+  // rank they would cross the same congested region pair.
+  for (int s = 0; s < 6; ++s) {
+    for (int d = 0; d < 6; ++d) {
+      if (s % 3 == 0 && d % 3 == 1) linkAt(v, s, d).bytesPerSec = 5e5;
+    }
+  }
+  const RelayOffer r = bestRelay(v, 0, 1, 16 << 20);
+  EXPECT_TRUE(r.via == 2 || r.via == 5) << r.via;
+  EXPECT_GT(r.directSec, 30.0);  // 16 MiB at 0.5 MB/s, the slower direction counts
+  EXPECT_LT(r.relaySec, 1.0);
+  EXPECT_NEAR(r.relaySec, 0.085 + 0.110 + 16.0 * (1 << 20) / kCrossRate, 1e-9);
+  // The same from b's side.
+  EXPECT_EQ(bestRelay(v, 1, 0, 16 << 20).via, r.via);
+}
+
+TEST(PlannerRelayTest, HealthyLinksAndSmallNetworksGetNoRelay) {
+  const NetworkView v = threeRegions();
+  for (int a = 0; a < 6; ++a) {
+    for (int b = 0; b < 6; ++b) {
+      if (a == b) continue;
+      EXPECT_EQ(bestRelay(v, a, b, 16 << 20).via, -1) << a << " -> " << b;
+    }
+  }
+  NetworkView two = uniformView(2, 0.01, 1e3);
+  EXPECT_EQ(bestRelay(two, 0, 1, 16 << 20).via, -1);
+  // An unusable leg is no relay either.
+  NetworkView three = uniformView(3, 0.01, 1e6);
+  linkAt(three, 0, 1).bytesPerSec = 1e3;
+  linkAt(three, 2, 1).bytesPerSec = 0;
+  EXPECT_EQ(bestRelay(three, 0, 1, 16 << 20).via, -1);
+}
+
+TEST(PlannerRelayTest, SmallTransfersStayOnTheShortDirectLink) {
+  // Direct: 10 ms at 1 MB/s; via rank 2: 2 x 40 ms at 100 MB/s. 1 KiB goes direct, 16 MiB
+  // through the relay: latency against bandwidth.
+  NetworkView v = uniformView(3, 0.040, 1e8);
+  linkAt(v, 0, 1) = {0.010, 1e6};
+  linkAt(v, 1, 0) = {0.010, 1e6};
+  EXPECT_EQ(bestRelay(v, 0, 1, 1024).via, -1);
+  EXPECT_EQ(bestRelay(v, 0, 1, 16 << 20).via, 2);
+}
+
+}  // namespace
+}  // namespace meridian::routing
