@@ -243,8 +243,27 @@ void RoutingControl::updateRelays(TimePoint now) {
   const routing::LinkStateTable t = table();
   if (!t.complete()) return;
   routing::RegionAssignment regions;
-  const routing::NetworkView view = currentView(&regions);
+  routing::NetworkView view = currentView(&regions);
   if (!routing::validate(view).isOk()) return;
+  // Relays are judged on measured rates only: a stand-in (a neighbour's rate, a prior) is good
+  // enough to rank plans, not to move traffic onto a third rank's links. A pair measured in
+  // neither direction counts as unusable, so it is never a leg (one measured direction stands
+  // for both, as in the view).
+  std::vector<bool> measured(static_cast<std::size_t>(size_) * static_cast<std::size_t>(size_), false);
+  for (int r = 0; r < size_; ++r) {
+    if (!t.row(r)) continue;
+    for (const routing::LinkFigures& f : t.row(r)->links) {
+      if (f.rateBytesPerSec) measured[static_cast<std::size_t>(r * size_ + f.peer)] = true;
+    }
+  }
+  auto known = [&](int i, int j) {
+    return measured[static_cast<std::size_t>(i * size_ + j)] || measured[static_cast<std::size_t>(j * size_ + i)];
+  };
+  for (int i = 0; i < size_; ++i) {
+    for (int j = 0; j < size_; ++j) {
+      if (i != j && !known(i, j)) view.links[static_cast<std::size_t>(i * size_ + j)].bytesPerSec = 0;
+    }
+  }
   for (int peer = rank_ + 1; peer < size_; ++peer) {  // the lower rank of a pair decides
     const auto& ch = channels_[static_cast<std::size_t>(peer)];
     if (!ch || io_[static_cast<std::size_t>(peer)].failed || now < nextRelayChange_[static_cast<std::size_t>(peer)]) {
@@ -255,7 +274,8 @@ void RoutingControl::updateRelays(TimePoint now) {
     const int current = stats.back().alive ? stats.back().relayVia : -1;
     relayVia(rank_, peer).set(current);  // also when it went away on its own (the via rank failed)
     const routing::RelayOffer offer = routing::bestRelay(view, rank_, peer, kRelayReferenceBytes);
-    if (current < 0 && offer.via >= 0 && offer.relaySec <= kRelayOpenRatio * offer.directSec) {
+    const bool directMeasured = known(rank_, peer);
+    if (current < 0 && directMeasured && offer.via >= 0 && offer.relaySec <= kRelayOpenRatio * offer.directSec) {
       nextRelayChange_[static_cast<std::size_t>(peer)] = now + kRelayHold;
       const int plane = relayPlane(t, peer, offer.via, static_cast<int>(stats.size()) - 1);
       Status st = options_.openRelay(peer, offer.via, plane);
@@ -268,7 +288,7 @@ void RoutingControl::updateRelays(TimePoint now) {
         MLOG_WARN(kRouting, "relay to rank {} through rank {}: {}", peer, offer.via, st.toString());
         relayChanges(rank_, "open_failed").add();
       }
-    } else if (current >= 0 && offer.via < 0) {
+    } else if (current >= 0 && directMeasured && offer.via < 0) {
       nextRelayChange_[static_cast<std::size_t>(peer)] = now + kRelayHold;
       MLOG_INFO(kRouting, "relay to rank {} through rank {} closed: the direct link is as good again ({:.3g} s)", peer,
                 current, offer.directSec);

@@ -713,8 +713,13 @@ RelayOffer bestRelay(const NetworkView& view, int a, int b, double bytes) {
     const double rate = std::min(x.bytesPerSec, y.bytesPerSec);
     return rate > 0 ? x.latencySec + y.latencySec + bytes / rate : kInf;
   };
+  const int ra = view.regionOf[idx(a)], rb = view.regionOf[idx(b)];
   for (int c = 0; c < view.ranks; ++c) {
     if (c == a || c == b) continue;
+    // Between two regions, a rank in either of them relays over the same region pair, which
+    // in practice is the same WAN link: only a third region helps.
+    const int rc = view.regionOf[idx(c)];
+    if (ra != rb && (rc == ra || rc == rb)) continue;
     const double sec = std::max(viaSec(a, c, b), viaSec(b, c, a));
     if (sec < best.relaySec) {
       best.relaySec = sec;

@@ -160,7 +160,9 @@ struct RelayOffer {
 };
 // Direct costs latency + bytes / rate; through c, both legs' latencies plus the bytes at the
 // slower leg's rate (the relay forwards as it receives). Both directions are costed and the
-// slower counts, as a relay path carries both. The best third rank, when it beats direct.
+// slower counts, as a relay path carries both. Between two regions only ranks of a third region
+// are candidates (through a rank of either region the relay would cross the same region pair,
+// usually the same WAN link). The best candidate, when it beats direct.
 RelayOffer bestRelay(const NetworkView& view, int a, int b, double bytes);
 
 // Validates a view: ranks >= 1, regions >= 1, links of ranks*ranks entries, regionOf of ranks

@@ -552,6 +552,11 @@ TEST(PlannerRelayTest, ACongestedPairIsOfferedTheBestTwoHopRelay) {
   EXPECT_NEAR(r.relaySec, 0.085 + 0.110 + 16.0 * (1 << 20) / kCrossRate, 1e-9);
   // The same from b's side.
   EXPECT_EQ(bestRelay(v, 1, 0, 16 << 20).via, r.via);
+  // Were the pair's own region mates measured fast (one slow node pair, not the region
+  // pair), they still would not relay it: they cross the same WAN link.
+  NetworkView one = threeRegions();
+  linkAt(one, 0, 1).bytesPerSec = 5e5;
+  EXPECT_TRUE(bestRelay(one, 0, 1, 16 << 20).via == 2 || bestRelay(one, 0, 1, 16 << 20).via == 5);
 }
 
 TEST(PlannerRelayTest, HealthyLinksAndSmallNetworksGetNoRelay) {

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <thread>
 
 #include <fmt/format.h>
@@ -251,6 +252,40 @@ TEST(RoutingLabTest, HierarchicalBeatsTheFlatRingAcrossThreeRegions) {
   EXPECT_EQ(planned.rows.back()["algorithm"], "hierarchical") << planned.output;
   EXPECT_GE(planned.rows.back()["plan_epoch"].get<std::uint64_t>(), 1u);
   EXPECT_EQ(summarize(planned.rows, 0).wrong, 0u);
+}
+
+// Relay paths: London <-> Virginia cut to 2 Mbit/s per plane while every other WAN link runs at
+// 20: the lower rank of each London-Virginia pair that the hierarchical allreduce uses opens a
+// relay through a Singapore rank (never through a rank of London or Virginia, which would cross
+// the same slow link), the relay paths carry data, and every result is correct.
+TEST(RoutingLabTest, ASlowRegionPairIsRelayedThroughTheThirdRegion) {
+  if (auto why = meridian::testing::labUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
+  const std::string file = fmt::format("{}/lab/topologies/three-regions.yaml", MERIDIAN_SOURCE_DIR);
+  LabSession session("mlroute", file, "--time-scale 0.25");
+  auto up = session.up();
+  ASSERT_EQ(up.code, 0) << up.output;
+  makeWanTheBottleneck(session);
+  for (const char* plane : {"wan-a", "wan-b"}) {
+    ASSERT_EQ(session.run(fmt::format("set {} london virginia --rate 2Mbit --queue 25KB", plane)).code, 0);
+  }
+  Timeline tl = runTimeline(session, "MERIDIAN_ALGO=hierarchical MERIDIAN_LOG=info:routing", 24, "", 0, true, "4M", 2);
+  ASSERT_EQ(tl.code, 0) << tl.output;
+  EXPECT_EQ(summarize(tl.rows, 0).wrong, 0u);
+  // "[rank 0] [info] [routing] relay to rank 2 through rank 4 (plane 0): ..."
+  const std::regex opened(R"(\[rank (\d+)\] \[info\] \[routing\] relay to rank (\d+) through rank (\d+) \()");
+  int relays = 0;
+  for (std::sregex_iterator it(tl.output.begin(), tl.output.end(), opened), end; it != end; ++it) {
+    const int self = std::stoi((*it)[1]), peer = std::stoi((*it)[2]), via = std::stoi((*it)[3]);
+    // Ranks 0-1 London, 2-3 Virginia, 4-5 Singapore.
+    EXPECT_TRUE(self / 2 == 0 && peer / 2 == 1) << "a relay between ranks " << self << " and " << peer;
+    EXPECT_EQ(via / 2, 2) << "rank " << self << " relayed to rank " << peer << " through rank " << via;
+    ++relays;
+  }
+  EXPECT_GE(relays, 1) << tl.output;
+  double relayed = 0;
+  for (const auto& row : tl.rows) relayed += row["cross_region_bytes"].back().get<double>();
+  EXPECT_GT(relayed, 0) << "the relay paths carried nothing: " << tl.output;
+  std::printf("[ routing  ] %d relay(s) through Singapore; %.1f MiB went through them\n", relays, relayed / (1 << 20));
 }
 
 // Issue 4, lab test 5: rank 0 forces a random plan every 20 ms while at least 1,000
