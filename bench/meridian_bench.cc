@@ -123,8 +123,13 @@ int runTimeline(const Args& a, const std::string& cmd, collectives::Communicator
       for (std::size_t p = 0; p < kTimelinePaths; ++p) all += total[p];
       std::string shares;
       nlohmann::json perPath = nlohmann::json::array();
+      // Every path up to the last that carried bytes, so indices stay path indices (the
+      // relay slot comes after the planes).
+      std::size_t used = 1;
       for (std::size_t p = 0; p < kTimelinePaths; ++p) {
-        if (total[p] <= 0 && p > 0) continue;
+        if (total[p] > 0) used = p + 1;
+      }
+      for (std::size_t p = 0; p < used; ++p) {
         shares += fmt::format("  p{} {:5.1f}%", p, all > 0 ? 100 * total[p] / all : 0.0);
         perPath.push_back(total[p]);
       }

@@ -4,7 +4,10 @@
 #     regions drops from 100 to 20 Mbit/s at t=6 s; Meridian adaptive vs static striping;
 #  2. three regions (time scale 0.25, every inter-region link 20 Mbit/s per plane, so the
 #     WAN and not the emulator is the bottleneck): flat ring vs region-hierarchical allreduce
-#     of 4 MiB: time per op and bytes across regions.
+#     of 4 MiB: time per op and bytes across regions;
+#  3. the same three regions with London <-> Virginia cut to 2 Mbit/s per plane: the
+#     hierarchical allreduce of 4 MiB with relay paths (MERIDIAN_RELAY=auto, through Singapore)
+#     and without (off), alternating.
 # Usage: bench/routing_lab_bench.sh [BUILD_DIR]    Writes bench/results/routing-lab.md.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,7 +19,7 @@ tmp=$(mktemp -d)
 cleanup() { "${lab[@]}" down >/dev/null 2>&1 || true; rm -rf "$tmp"; }
 trap cleanup EXIT
 out="$root/bench/results/routing-lab.md"
-summary() {  # summary JSON FROM TO: time per op, cross-region MiB per op, median busbw of rows in [FROM, TO)
+summary() {  # summary JSON FROM TO [relay]: time per op, cross-region MiB per op, median busbw of rows in [FROM, TO), share on wan-a (or on the relay path)
   python3 - "$@" <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))["timeline"]
@@ -26,7 +29,9 @@ ops = sum(x["ops"] for x in r) or 1
 t = (r[-1]["t"] - r[0]["t_start"]) if r else 0
 b = sum(sum(x["cross_region_bytes"]) for x in r)
 bw = sorted(x["busbw_gbps"] for x in r)
-p0 = [x["cross_region_bytes"][0] / max(1, sum(x["cross_region_bytes"])) for x in r]
+relay = len(sys.argv) > 4  # the relay slot is the path after the planes (absent when off)
+def part(v): return (v[2] if len(v) > 2 else 0) if relay else v[0]
+p0 = [part(x["cross_region_bytes"]) / max(1, sum(x["cross_region_bytes"])) for x in r]
 print(f"{t/ops:.2f} | {b/ops/2**20:.1f} | {bw[len(bw)//2] if bw else 0:.4f} | {100*sum(p0)/max(1,len(p0)):.0f}%")
 PY
 }
@@ -78,6 +83,27 @@ for algo in ring hierarchical ring hierarchical; do
   MERIDIAN_ALGO=$algo "${lab[@]}" exec-all -- "$benchbin" --ops all_reduce -b 4M -e 4M --duration 12 \
     --interval 4 --check 0 --json "$tmp/$algo.json" >/dev/null 2>&1
   echo "| $algo | $(summary "$tmp/$algo.json" 3.5 100) |" >> "$out.tmp"
+done
+{
+  echo
+  echo "## 3. Relay paths around a slow region pair (three regions, 6 nodes, time scale 0.25)"
+  echo
+  echo "As in 2, and London <-> Virginia cut to 2 Mbit/s per plane (25 KB of queue). 4 MiB"
+  echo "hierarchical allreduces for 30 s each, \`MERIDIAN_RELAY=auto\` then \`off\`, twice; the"
+  echo "first 8 s dropped (relays open once the slow pairs' rates are measured). Link-rate bound"
+  echo "on the London-Virginia leg of the cross-region step: 4 Mbit/s direct, up to 4 + 40 Mbit/s"
+  echo "with relays through Singapore (whose links also carry its own share)."
+  echo
+  echo "| relay | s per op | cross-region MiB per op | median busbw (GB/s) | share on the relay paths |"
+  echo "| --- | --- | --- | --- | --- |"
+} >> "$out.tmp"
+for p in wan-a wan-b; do
+  "${lab[@]}" set $p london virginia --rate 2Mbit --queue 25KB >/dev/null
+done
+for relay in auto off auto off; do
+  MERIDIAN_ALGO=hierarchical MERIDIAN_RELAY=$relay "${lab[@]}" exec-all -- "$benchbin" --ops all_reduce -b 4M -e 4M \
+    --duration 30 --interval 2 --check 0 --json "$tmp/relay-$relay.json" >/dev/null 2>&1
+  echo "| $relay | $(summary "$tmp/relay-$relay.json" 8 100 relay) |" >> "$out.tmp"
 done
 mv "$out.tmp" "$out"
 cat "$out"

@@ -327,8 +327,10 @@ void MultipathChannel::schedule(std::int64_t nowUs) {
   loads.resize(paths_.size());
   bool anyUsable = false;
   if (config_.adaptive && rerateAny_.exchange(false, std::memory_order_relaxed)) {
-    double best = 0;
-    for (const auto& p : paths_) best = std::max(best, p->rate.bytesPerSec());
+    double best = 0;  // among live paths: a relay slot that is down keeps its initial guess
+    for (const auto& p : paths_) {
+      if (p->alive.load(std::memory_order_relaxed)) best = std::max(best, p->rate.bytesPerSec());
+    }
     for (auto& p : paths_) {
       if (p->rerate.exchange(false, std::memory_order_relaxed)) p->rate.reset(std::max(best, p->rate.bytesPerSec()));
     }
