@@ -273,11 +273,13 @@ void RoutingControl::updateRelays(TimePoint now) {
     if (stats.size() < 2 || !stats.back().relay) return;  // no relay slots (MERIDIAN_RELAY=off)
     const int current = stats.back().alive ? stats.back().relayVia : -1;
     relayVia(rank_, peer).set(current);  // also when it went away on its own (the via rank failed)
-    const routing::RelayOffer offer = routing::bestRelay(view, rank_, peer, kRelayReferenceBytes);
+    const int planes = static_cast<int>(stats.size()) - 1;
+    const routing::RelayOffer offer =
+        routing::bestRelay(view, rank_, peer, kRelayReferenceBytes, 1.0 / std::max(planes, 1));
     const bool directMeasured = known(rank_, peer);
     if (current < 0 && directMeasured && offer.via >= 0 && offer.relaySec <= kRelayOpenRatio * offer.directSec) {
       nextRelayChange_[static_cast<std::size_t>(peer)] = now + kRelayHold;
-      const int plane = relayPlane(t, peer, offer.via, static_cast<int>(stats.size()) - 1);
+      const int plane = relayPlane(t, peer, offer.via, planes);
       Status st = options_.openRelay(peer, offer.via, plane);
       if (st.isOk()) {
         MLOG_INFO(kRouting, "relay to rank {} through rank {} (plane {}): 16 MiB direct {:.3g} s, two hops {:.3g} s",

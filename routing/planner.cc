@@ -703,14 +703,14 @@ const char* algorithmName(Algorithm algorithm) {
   return "unknown";
 }
 
-RelayOffer bestRelay(const NetworkView& view, int a, int b, double bytes) {
+RelayOffer bestRelay(const NetworkView& view, int a, int b, double bytes, double legShare) {
   RelayOffer best;
   best.directSec = std::max(linkSec(view, a, b, bytes), linkSec(view, b, a, bytes));
   best.relaySec = kInf;
   auto viaSec = [&](int from, int c, int to) {
     const LinkCost& x = view.link(from, c);
     const LinkCost& y = view.link(c, to);
-    const double rate = std::min(x.bytesPerSec, y.bytesPerSec);
+    const double rate = legShare * std::min(x.bytesPerSec, y.bytesPerSec);
     return rate > 0 ? x.latencySec + y.latencySec + bytes / rate : kInf;
   };
   const int ra = view.regionOf[idx(a)], rb = view.regionOf[idx(b)];

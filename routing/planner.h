@@ -160,10 +160,12 @@ struct RelayOffer {
 };
 // Direct costs latency + bytes / rate; through c, both legs' latencies plus the bytes at the
 // slower leg's rate (the relay forwards as it receives). Both directions are costed and the
-// slower counts, as a relay path carries both. Between two regions only ranks of a third region
-// are candidates (through a rank of either region the relay would cross the same region pair,
-// usually the same WAN link). The best candidate, when it beats direct.
-RelayOffer bestRelay(const NetworkView& view, int a, int b, double bytes);
+// slower counts, as a relay path carries both. A relay runs on one plane while the view's rates
+// are summed over the planes: it gets `legShare` (1 / planes) of each leg's rate. Between two
+// regions only ranks of a third region are candidates (through a rank of either region the
+// relay would cross the same region pair, usually the same WAN link). The best candidate,
+// when it beats direct.
+RelayOffer bestRelay(const NetworkView& view, int a, int b, double bytes, double legShare = 1.0);
 
 // Validates a view: ranks >= 1, regions >= 1, links of ranks*ranks entries, regionOf of ranks
 // entries each in [0, regions), off-diagonal latencies and rates finite and >= 0.

@@ -552,6 +552,8 @@ TEST(PlannerRelayTest, ACongestedPairIsOfferedTheBestTwoHopRelay) {
   EXPECT_NEAR(r.relaySec, 0.085 + 0.110 + 16.0 * (1 << 20) / kCrossRate, 1e-9);
   // The same from b's side.
   EXPECT_EQ(bestRelay(v, 1, 0, 16 << 20).via, r.via);
+  // On one of two planes a relay gets half of each leg's summed rate.
+  EXPECT_NEAR(bestRelay(v, 0, 1, 16 << 20, 0.5).relaySec, 0.085 + 0.110 + 32.0 * (1 << 20) / kCrossRate, 1e-9);
   // Were the pair's own region mates measured fast (one slow node pair, not the region
   // pair), they still would not relay it: they cross the same WAN link.
   NetworkView one = threeRegions();
@@ -584,6 +586,8 @@ TEST(PlannerRelayTest, SmallTransfersStayOnTheShortDirectLink) {
   linkAt(v, 1, 0) = {0.010, 1e6};
   EXPECT_EQ(bestRelay(v, 0, 1, 1024).via, -1);
   EXPECT_EQ(bestRelay(v, 0, 1, 16 << 20).via, 2);
+  // A relay on one plane of 200 gets 0.5 MB/s of its legs: no better than direct.
+  EXPECT_EQ(bestRelay(v, 0, 1, 16 << 20, 1.0 / 200).via, -1);
 }
 
 }  // namespace
