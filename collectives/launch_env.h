@@ -44,10 +44,6 @@ Result<LaunchInfo> detectLaunch();
 Result<std::unique_ptr<Store>> rendezvous(const LaunchInfo& info, const std::string& secret, TimePoint deadline,
                                           std::unique_ptr<StoreServer>* serverOut);
 
-// "a, b,c" -> {"a", "b", "c"} (blanks trimmed, empty items dropped); and back.
-std::vector<std::string> splitCommaList(const std::string& text);
-std::string joinCommaList(const std::vector<std::string>& items);
-
 // The local IPv4 address the kernel would use to reach host:port (no packet is sent);
 // 127.0.0.1 when it cannot tell.
 std::string localAddressToward(const std::string& hostPort);

@@ -46,6 +46,9 @@
     "Period of the probes sent on every path to every peer, in milliseconds.")                     \
   X(kRouting, "MERIDIAN_ROUTING", String, "adaptive",                                              \
     "adaptive: re-plan collectives and path weights from measurements; static: never adapt.")      \
+  X(kNcclDevices, "MERIDIAN_NCCL_DEVICES", String, "virtual",                                      \
+    "NCCL net plugin: virtual (one device spanning every path, striped inside) or paths (one "     \
+    "device per path, for NCCL to choose among).")                                                  \
   X(kRelay, "MERIDIAN_RELAY", String, "auto",                                                      \
     "auto: with adaptive routing, a channel adds a relay path through a third rank while its "     \
     "direct link is worse than two hops; off: never (every rank must agree).")                     \

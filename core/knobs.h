@@ -6,6 +6,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "core/knob_list.h"
 
@@ -39,6 +40,11 @@ std::span<const KnobInfo> allKnobs();
 
 // The raw value: the environment variable when set and non-empty, else the default.
 std::string knobString(const KnobInfo& knob);
+
+// "a, b,c" -> {"a", "b", "c"} (blanks trimmed, empty items dropped); and back (list knobs
+// such as MERIDIAN_PATHS).
+std::vector<std::string> splitCommaList(const std::string& text);
+std::string joinCommaList(const std::vector<std::string>& items);
 // Parses an integer knob (accepts k/m/g suffixes in powers of 1024); throws ConfigError
 // with the variable name when it is not an integer.
 std::int64_t knobInt(const KnobInfo& knob);

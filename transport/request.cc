@@ -35,6 +35,12 @@ void cpuRelax() {
 
 }  // namespace
 
+bool Request::test() {
+  if (done()) return true;
+  if (progressor_) progressor_->pollOnce();
+  return done();
+}
+
 void Request::complete(Status status, std::size_t bytes) {
   std::lock_guard lock(mu_);
   if (done_.load(std::memory_order_relaxed)) return;

@@ -37,6 +37,9 @@ class Request {
 
   // True once the operation finished (successfully or not). Never blocks.
   bool done() const { return done_.load(std::memory_order_acquire); }
+  // done(), after one non-blocking round of the transport's progress from this thread when
+  // not yet (for callers that poll, such as NCCL's proxy thread through the net plugin).
+  bool test();
   // Blocks until done or until `deadline`; returns the operation's status, or kTimeout
   // when the deadline passed first (the operation keeps running; wait again later).
   // While the transport has work it polls it from this thread; once it goes quiet for

@@ -30,7 +30,8 @@ constexpr std::size_t kInfoBytes = 24;
 
 std::array<std::uint8_t, kInfoBytes> encodeInfo(const ConnectInfo& info) {
   std::array<std::uint8_t, kInfoBytes> b{};
-  wire::store<std::uint16_t>(&b[0], static_cast<std::uint16_t>(info.kind));
+  b[0] = static_cast<std::uint8_t>(info.kind);
+  b[1] = info.pathCount;
   wire::store<std::uint16_t>(&b[2], info.pathIndex);
   wire::store<std::uint16_t>(&b[4], info.streamIndex);
   wire::store<std::uint16_t>(&b[6], info.streamCount);
@@ -123,13 +124,14 @@ Result<ConnectInfo> verifyAuth(std::string_view secret, const Nonce& clientNonce
     return peerError("handshake: client does not hold the job secret (MERIDIAN_SECRET differs)");
   }
   ConnectInfo ci;
-  std::uint16_t kind = wire::load<std::uint16_t>(&info[0]);
+  const std::uint16_t kind = info[0];
   if (kind != static_cast<std::uint16_t>(ConnectionKind::kDataStream) &&
       kind != static_cast<std::uint16_t>(ConnectionKind::kStore) &&
       kind != static_cast<std::uint16_t>(ConnectionKind::kRelay)) {
     return peerError("handshake: unknown connection kind {}", kind);
   }
   ci.kind = static_cast<ConnectionKind>(kind);
+  ci.pathCount = info[1];
   ci.pathIndex = wire::load<std::uint16_t>(&info[2]);
   ci.streamIndex = wire::load<std::uint16_t>(&info[4]);
   ci.streamCount = wire::load<std::uint16_t>(&info[6]);

@@ -46,6 +46,7 @@ struct ConnectInfo {
   std::uint16_t streamIndex = 0; // which stream of the path
   std::uint16_t streamCount = 1; // streams the client opens on this path
   std::int32_t relayTarget = -1; // kRelay: the rank to splice through to
+  std::uint8_t pathCount = 0;    // kDataStream: paths the client opens (0: not said)
 };
 
 enum class HandshakeResult : std::uint16_t { kOk = 0, kVersionMismatch = 1, kAuthFailed = 2, kRejected = 3 };

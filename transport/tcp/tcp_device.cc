@@ -49,8 +49,10 @@ constexpr std::size_t kSpliceBufferBytes = 256 * 1024;
 std::string errnoText(int e) { return std::strerror(e); }
 
 // What the client of a data stream tells the server: which stream of which path it is.
-ConnectInfo dataStreamInfo(std::uint64_t sessionId, int rank, std::size_t path, int stream, int streams) {
+ConnectInfo dataStreamInfo(std::uint64_t sessionId, int rank, std::size_t path, int stream, int streams,
+                           std::size_t paths) {
   ConnectInfo info;
+  info.pathCount = static_cast<std::uint8_t>(paths);
   info.kind = ConnectionKind::kDataStream;
   info.sessionId = sessionId;
   info.rank = rank;
@@ -230,6 +232,11 @@ struct TcpDevice::Impl {
   void stepHandshake(PendingHandshake& hs, std::uint32_t events);
   void claimStreams();
   ChannelEntry* findChannel(std::uint64_t sessionId, int peerRank);
+  // A new channel entry (not yet in `channels`) over `endpoints` (+ the relay slot).
+  std::unique_ptr<ChannelEntry> makeEntry(std::uint64_t sessionId, int peerRank, std::vector<PathEndpoints> endpoints,
+                                          std::vector<std::string> peerAddresses);
+  // acceptChannel's search (progress thread).
+  Result<std::pair<int, ChannelPtr>> acceptAny(std::uint64_t sessionId);
   // Why a relay request may not be served (ok: it may).
   Status checkRelayRequest(const ConnectInfo& info);
   void startRelay(PendingHandshake& hs);
@@ -1001,16 +1008,7 @@ Result<ChannelPtr> TcpDevice::openChannel(const ChannelSpec& spec, TimePoint dea
   std::size_t nPaths = std::min(d.localIps.size(), spec.peerAddresses.size());
   std::vector<PathEndpoints> endpoints;
   for (std::size_t p = 0; p < nPaths; ++p) endpoints.push_back({d.listenAddrs[p], spec.peerAddresses[p]});
-  if (d.options.relaySlot) endpoints.push_back({"", "relay", true});
-  auto entry = std::make_unique<ChannelEntry>();
-  entry->sessionId = spec.sessionId;
-  entry->peerRank = spec.peerRank;
-  entry->directPaths = nPaths;
-  entry->peerAddresses = spec.peerAddresses;
-  entry->streams.resize(endpoints.size());
-  entry->expectedStreams.assign(endpoints.size(), 0);
-  entry->channel = std::make_shared<MultipathChannel>(spec.peerRank, std::move(endpoints), d.channelConfig(),
-                                                      [waker = d.waker] { waker->ring(); }, d.poller);
+  auto entry = d.makeEntry(spec.sessionId, spec.peerRank, std::move(endpoints), spec.peerAddresses);
   ChannelEntry* e = entry.get();
 
   if (spec.initiate) {
@@ -1021,7 +1019,7 @@ Result<ChannelPtr> TcpDevice::openChannel(const ChannelSpec& spec, TimePoint dea
       for (int s = 0; s < d.options.streamsPerPath; ++s) {
         auto fd = connectTo(remote.value(), d.localIps[p], deadline);
         if (!fd) return fd.status().withContext(fmt::format("path {} to rank {}", p, spec.peerRank));
-        const ConnectInfo info = dataStreamInfo(spec.sessionId, spec.selfRank, p, s, d.options.streamsPerPath);
+        const ConnectInfo info = dataStreamInfo(spec.sessionId, spec.selfRank, p, s, d.options.streamsPerPath, nPaths);
         Status st = clientHandshake(fd->get(), d.options.secret, info, deadline);
         if (!st.isOk()) return st.withContext(fmt::format("path {} to rank {}", p, spec.peerRank));
         fds.emplace_back(p, std::move(fd.value()));
@@ -1048,6 +1046,117 @@ Result<ChannelPtr> TcpDevice::openChannel(const ChannelSpec& spec, TimePoint dea
   }
   MLOG_DEBUG(kTransport, "channel to rank {} open over {} path(s)", spec.peerRank, nPaths);
   return ChannelPtr(e->channel);
+}
+
+std::unique_ptr<ChannelEntry> TcpDevice::Impl::makeEntry(std::uint64_t sessionId, int peerRank,
+                                                        std::vector<PathEndpoints> endpoints,
+                                                        std::vector<std::string> peerAddresses) {
+  auto entry = std::make_unique<ChannelEntry>();
+  entry->sessionId = sessionId;
+  entry->peerRank = peerRank;
+  entry->directPaths = endpoints.size();
+  entry->peerAddresses = std::move(peerAddresses);
+  if (options.relaySlot) endpoints.push_back({"", "relay", true});
+  entry->streams.resize(endpoints.size());
+  entry->expectedStreams.assign(endpoints.size(), 0);
+  entry->channel = std::make_shared<MultipathChannel>(peerRank, std::move(endpoints), channelConfig(),
+                                                      [w = waker] { w->ring(); }, poller);
+  return entry;
+}
+
+Result<std::pair<int, ChannelPtr>> TcpDevice::Impl::acceptAny(std::uint64_t sessionId) {
+  // Streams of this session from peers without a channel yet, by peer.
+  std::map<int, std::vector<const UnclaimedStream*>> byRank;
+  for (const auto& u : unclaimed) {
+    if (u.info.sessionId == sessionId && findChannel(sessionId, u.info.rank) == nullptr) byRank[u.info.rank].push_back(&u);
+  }
+  for (const auto& [rank, streams] : byRank) {
+    const std::size_t paths = streams.front()->info.pathCount;
+    std::vector<int> have(paths, 0), want(paths, 0);
+    bool bad = paths == 0 || paths > localIps.size();
+    for (const UnclaimedStream* u : streams) {
+      if (bad || u->info.pathCount != paths || u->info.pathIndex >= paths) {
+        bad = true;
+        break;
+      }
+      ++have[u->info.pathIndex];
+      want[u->info.pathIndex] = u->info.streamCount;
+    }
+    if (bad) {
+      MLOG_WARN(kTransport, "closing the streams of rank {} (session {:x}): their path counts disagree or exceed ours",
+                rank, sessionId);
+      std::erase_if(unclaimed, [&, r = rank](const UnclaimedStream& u) { return u.info.sessionId == sessionId && u.info.rank == r; });
+      return againStatus("no peer has connected yet");
+    }
+    bool complete = true;
+    for (std::size_t p = 0; p < paths; ++p) complete = complete && want[p] > 0 && have[p] >= want[p];
+    if (!complete) continue;
+    std::vector<PathEndpoints> endpoints(paths);
+    for (std::size_t p = 0; p < paths; ++p) endpoints[p].localAddress = listenAddrs[p];
+    for (const UnclaimedStream* u : streams) endpoints[u->info.pathIndex].remoteAddress = peerAddress(u->fd.get());
+    auto entry = makeEntry(sessionId, rank, std::move(endpoints), {});
+    for (std::size_t p = 0; p < paths; ++p) entry->expectedStreams[p] = want[p];
+    entry->ready = true;
+    for (auto it = unclaimed.begin(); it != unclaimed.end();) {
+      if (it->info.sessionId == sessionId && it->info.rank == rank) {
+        attachStream(*entry, std::move(it->fd), it->info.pathIndex);
+        it = unclaimed.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    ChannelPtr channel = entry->channel;
+    const int peer = rank;
+    channels.push_back(std::move(entry));
+    MLOG_DEBUG(kTransport, "accepted a channel from rank {} (session {:x}) over {} path(s)", peer, sessionId, paths);
+    return std::make_pair(peer, std::move(channel));
+  }
+  return againStatus("no peer has connected every stream yet");
+}
+
+Result<std::pair<int, ChannelPtr>> TcpDevice::acceptChannel(std::uint64_t sessionId) {
+  Result<std::pair<int, ChannelPtr>> result = againStatus("not run");
+  impl_->runOnProgress([&] { result = impl_->acceptAny(sessionId); });
+  return result;
+}
+
+Status TcpDevice::closeChannel(std::uint64_t sessionId, int peerRank) {
+  Impl& d = *impl_;
+  auto matches = [&](const std::unique_ptr<ChannelEntry>& e) { return e->sessionId == sessionId && e->peerRank == peerRank; };
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  while (true) {
+    bool busy = false;
+    d.runOnProgress([&] {
+      for (auto& e : d.channels) {
+        if (matches(e) && e->usable() && e->channel->hasUnackedEagerSends()) busy = true;
+      }
+    });
+    if (!busy || Clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  Status result = invalidArgument("no channel to rank {} in session {:x}", peerRank, sessionId);
+  d.runOnProgress([&] {
+    for (auto it = d.channels.begin(); it != d.channels.end();) {
+      if (!matches(*it)) {
+        ++it;
+        continue;
+      }
+      for (auto& path : (*it)->streams) {
+        for (auto& s : path) {
+          if (s->dead) continue;
+          d.sayGoodbye(*s);
+          ::epoll_ctl(d.epfd.get(), EPOLL_CTL_DEL, s->fd.get(), nullptr);
+          d.streamsByFd.erase(s->fd.get());
+          ::shutdown(s->fd.get(), SHUT_WR);
+          s->dead = true;
+        }
+      }
+      (*it)->channel->fail(commError("the channel to rank {} was closed", peerRank));
+      it = d.channels.erase(it);  // closes the streams
+      result = Status::ok();
+    }
+  });
+  return result;
 }
 
 Status TcpDevice::openRelay(const RelaySpec& spec, TimePoint deadline) {
@@ -1090,7 +1199,7 @@ Status TcpDevice::openRelay(const RelaySpec& spec, TimePoint deadline) {
     hop.relayTarget = spec.peerRank;
     MERIDIAN_RETURN_IF_ERROR(clientHandshake(fd->get(), d.options.secret, hop, deadline).withContext(what));
     // To the peer, end to end through via.
-    ConnectInfo info = dataStreamInfo(spec.sessionId, spec.selfRank, slot, s, d.options.streamsPerPath);
+    ConnectInfo info = dataStreamInfo(spec.sessionId, spec.selfRank, slot, s, d.options.streamsPerPath, 0);
     info.relayTarget = spec.viaRank;
     MERIDIAN_RETURN_IF_ERROR(clientHandshake(fd->get(), d.options.secret, info, deadline).withContext(what));
     fds.push_back(std::move(fd.value()));

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/clock.h"
@@ -82,6 +83,16 @@ class TcpDevice {
   // Closes the relay slot of the channel to `peerRank` on purpose (its chunks move to the
   // direct paths). invalidArgument when there is no such channel or no relay is up.
   Status closeRelay(std::uint64_t sessionId, int peerRank);
+
+  // A listener that does not know its peers' ranks (NCCL's accept): takes the channel of
+  // whichever peer has connected every stream of every path it opened into `sessionId`
+  // (openChannel with initiate on its side). Never blocks: kAgain until one has. Returns
+  // the peer's rank (its selfRank) with the channel.
+  Result<std::pair<int, ChannelPtr>> acceptChannel(std::uint64_t sessionId);
+  // Closes the channel to `peerRank` in `sessionId` and forgets it: eager sends already
+  // complete for their callers are delivered first (at most 5 s), then the peer is told
+  // and every outstanding request fails with kCommError. invalidArgument when unknown.
+  Status closeChannel(std::uint64_t sessionId, int peerRank);
 
   // Test seam: abruptly closes every stream of path `pathIndex` of the channel to
   // `peerRank` in `sessionId` (as a cable pull would), on the progress thread.

@@ -1,0 +1,429 @@
+#include "nccl_plugin/plugin_core.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "core/knobs.h"
+#include "core/log.h"
+#include "core/wire.h"
+#include "transport/tcp/socket.h"
+
+namespace meridian::plugin {
+
+namespace {
+
+constexpr std::uint32_t kHandleMagic = 0x4844524D;  // "MRDH"
+constexpr std::uint8_t kHandleVersion = 1;
+constexpr std::size_t kHandleHeaderBytes = 24;
+constexpr std::size_t kHandlePathBytes = 8;
+static_assert(kHandleHeaderBytes + ConnectHandle::kMaxPaths * kHandlePathBytes <= ConnectHandle::kBytes);
+constexpr int kUnknownSpeedMbps = 10'000;
+
+std::uint64_t randomId() {
+  static std::mutex mu;
+  static std::mt19937_64 rng{std::random_device{}()};
+  std::lock_guard lock(mu);
+  std::uint64_t v = 0;
+  while (v == 0) v = rng();
+  return v;
+}
+
+// Interface name and IPv4 address of every interface that is up (loopback last).
+std::vector<std::pair<std::string, std::string>> upInterfaces() {
+  std::vector<std::pair<std::string, std::string>> out, loopback;
+  ifaddrs* all = nullptr;
+  if (::getifaddrs(&all) != 0) return out;
+  for (ifaddrs* i = all; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP)) continue;
+    char ip[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr, ip, sizeof(ip));
+    ((i->ifa_flags & IFF_LOOPBACK) ? loopback : out).emplace_back(i->ifa_name, ip);
+  }
+  ::freeifaddrs(all);
+  std::sort(out.begin(), out.end());
+  out.insert(out.end(), loopback.begin(), loopback.end());
+  return out;
+}
+
+std::string interfaceOf(const std::string& ip, const std::vector<std::pair<std::string, std::string>>& ifs) {
+  for (const auto& [name, addr] : ifs) {
+    if (addr == ip) return name;
+  }
+  return {};
+}
+
+int linkSpeedMbps(const std::string& iface) {
+  std::ifstream f("/sys/class/net/" + iface + "/speed");
+  int mbps = -1;
+  if (f >> mbps && mbps > 0) return mbps;
+  return kUnknownSpeedMbps;  // loopback, veth and TUN report none
+}
+
+std::string sysfsPath(const std::string& iface) {
+  std::error_code ec;
+  for (const std::string& p : {"/sys/class/net/" + iface + "/device", "/sys/class/net/" + iface}) {
+    auto real = std::filesystem::canonical(p, ec);
+    if (!ec) return real.string();
+  }
+  return "/sys/devices/virtual/net/" + iface;
+}
+
+Status checkedIndex(int dev, int count) {
+  if (dev < 0 || dev >= count) return invalidArgument("no device {} (the plugin has {})", dev, count);
+  return Status::ok();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- the handle
+
+void encodeHandle(const ConnectHandle& h, std::span<std::uint8_t, ConnectHandle::kBytes> out) {
+  std::fill(out.begin(), out.end(), 0);
+  wire::store<std::uint32_t>(&out[0], kHandleMagic);
+  out[4] = kHandleVersion;
+  out[5] = static_cast<std::uint8_t>(std::min(h.addresses.size(), ConnectHandle::kMaxPaths));
+  wire::store<std::uint64_t>(&out[8], h.listenId);
+  wire::store<std::uint64_t>(&out[16], h.pending);
+  for (std::size_t p = 0; p < out[5]; ++p) {
+    auto hp = transport::tcp::parseHostPort(h.addresses[p]);
+    in_addr a{};
+    if (hp) ::inet_pton(AF_INET, hp->host.c_str(), &a);
+    std::uint8_t* at = &out[kHandleHeaderBytes + p * kHandlePathBytes];
+    std::memcpy(at, &a.s_addr, 4);  // network order as is
+    wire::store<std::uint16_t>(at + 4, hp ? hp->port : 0);
+  }
+}
+
+Result<ConnectHandle> decodeHandle(std::span<const std::uint8_t, ConnectHandle::kBytes> in) {
+  if (wire::load<std::uint32_t>(&in[0]) != kHandleMagic) return invalidArgument("not a Meridian connection handle");
+  if (in[4] != kHandleVersion) return invalidArgument("connection handle version {} (this plugin speaks {})", in[4], kHandleVersion);
+  const std::size_t paths = in[5];
+  if (paths == 0 || paths > ConnectHandle::kMaxPaths) {
+    return invalidArgument("connection handle with {} paths (1 to {})", paths, ConnectHandle::kMaxPaths);
+  }
+  ConnectHandle h;
+  h.listenId = wire::load<std::uint64_t>(&in[8]);
+  h.pending = wire::load<std::uint64_t>(&in[16]);
+  for (std::size_t p = 0; p < paths; ++p) {
+    const std::uint8_t* at = &in[kHandleHeaderBytes + p * kHandlePathBytes];
+    in_addr a{};
+    std::memcpy(&a.s_addr, at, 4);
+    char ip[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &a, ip, sizeof(ip));
+    const std::uint16_t port = wire::load<std::uint16_t>(at + 4);
+    if (port == 0) return invalidArgument("connection handle path {} has port 0", p);
+    h.addresses.push_back(fmt::format("{}:{}", ip, port));
+  }
+  return h;
+}
+
+void setHandlePending(std::span<std::uint8_t, ConnectHandle::kBytes> handle, std::uint64_t pending) {
+  wire::store<std::uint64_t>(&handle[16], pending);
+}
+
+// ---------------------------------------------------------------- comms
+
+struct ListenComm {
+  int dev = 0;
+  std::uint64_t listenId = 0;
+};
+
+struct SendComm {
+  int dev = 0;
+  std::uint64_t listenId = 0;
+  int connectionId = 0;
+  transport::ChannelPtr channel;
+  int inflight = 0;  // under Core::mu_
+};
+
+struct RecvComm {
+  int dev = 0;
+  std::uint64_t listenId = 0;
+  int peer = 0;
+  transport::ChannelPtr channel;
+  int inflight = 0;
+};
+
+struct PluginRequest {
+  const void* owner = nullptr;
+  int* inflight = nullptr;
+  std::vector<transport::RequestPtr> parts;  // one per buffer
+};
+
+// ---------------------------------------------------------------- Core
+
+Result<Core*> Core::instance() {
+  static std::mutex mu;
+  static Core* core = nullptr;  // never destroyed: NCCL may call in while the process exits
+  static Status failed = Status::ok();
+  std::lock_guard lock(mu);
+  if (core != nullptr) return core;
+  if (!failed.isOk()) return failed;
+  auto fresh = std::unique_ptr<Core>(new Core());
+  Status st = fresh->init();
+  if (!st.isOk()) {
+    failed = st;
+    return st;
+  }
+  core = fresh.release();
+  return core;
+}
+
+Status Core::init() {
+  const auto ifs = upInterfaces();
+  std::vector<std::string> paths = splitCommaList(knobString(knobs::kPaths));
+  if (paths.empty()) {
+    for (const auto& [name, ip] : ifs) {
+      if (name != "lo") paths.push_back(ip);
+    }
+    if (paths.empty()) paths.push_back("127.0.0.1");
+  }
+  if (paths.size() > ConnectHandle::kMaxPaths) {
+    return invalidArgument("{} paths; a connection handle holds at most {} (set MERIDIAN_PATHS)", paths.size(),
+                           ConnectHandle::kMaxPaths);
+  }
+  const std::string mode = knobString(knobs::kNcclDevices);
+  if (mode != "virtual" && mode != "paths") {
+    return invalidArgument("MERIDIAN_NCCL_DEVICES must be virtual or paths, not '{}'", mode);
+  }
+  std::vector<std::vector<std::string>> groups;
+  if (mode == "virtual") {
+    groups.push_back(paths);
+  } else {
+    for (const auto& p : paths) groups.push_back({p});
+  }
+  const bool adaptive = knobString(knobs::kRouting) != "static";
+  for (std::size_t d = 0; d < groups.size(); ++d) {
+    Device dev;
+    dev.info.name = fmt::format("meridian{}", d);
+    dev.info.addresses = groups[d];
+    dev.info.speedMbps = 0;
+    for (const auto& ip : groups[d]) {
+      std::string iface = interfaceOf(ip, ifs);
+      dev.info.interfaces.push_back(iface.empty() ? "?" : iface);
+      dev.info.speedMbps += iface.empty() ? kUnknownSpeedMbps : linkSpeedMbps(iface);
+    }
+    dev.info.pciPath = sysfsPath(dev.info.interfaces.front());
+    dev.info.guid = std::hash<std::string>{}(fmt::format("{}", fmt::join(groups[d], ",")));
+    transport::tcp::DeviceOptions o;
+    o.localAddresses = groups[d];
+    o.name = fmt::format("nccl{}", d);
+    o.adaptive = adaptive;
+    MERIDIAN_ASSIGN_OR_RETURN(dev.tcp, transport::tcp::TcpDevice::create(std::move(o)));
+    devices_.push_back(std::move(dev));
+  }
+  return Status::ok();
+}
+
+Result<ListenComm*> Core::listen(int dev, std::span<std::uint8_t, ConnectHandle::kBytes> handle) {
+  MERIDIAN_RETURN_IF_ERROR(checkedIndex(dev, deviceCount()));
+  auto comm = std::make_unique<ListenComm>();
+  comm->dev = dev;
+  comm->listenId = randomId();
+  ConnectHandle h;
+  h.listenId = comm->listenId;
+  h.addresses = devices_[static_cast<std::size_t>(dev)].tcp->listenAddresses();
+  encodeHandle(h, handle);
+  std::lock_guard lock(mu_);
+  ListenComm* raw = comm.get();
+  listens_[raw] = std::move(comm);
+  return raw;
+}
+
+Result<SendComm*> Core::connect(int dev, std::span<std::uint8_t, ConnectHandle::kBytes> handle) {
+  MERIDIAN_RETURN_IF_ERROR(checkedIndex(dev, deviceCount()));
+  MERIDIAN_ASSIGN_OR_RETURN(ConnectHandle h, decodeHandle(handle));
+  std::unique_lock lock(mu_);
+  if (h.pending == 0) {
+    auto p = std::make_unique<PendingConnect>();
+    p->dev = dev;
+    p->connectionId = static_cast<int>(randomId() % (INT_MAX - 1)) + 1;
+    transport::tcp::ChannelSpec spec;
+    spec.sessionId = h.listenId;
+    spec.selfRank = p->connectionId;
+    spec.peerRank = 0;  // the listener
+    spec.initiate = true;
+    spec.peerAddresses = h.addresses;
+    const auto deadline = Clock::now() + std::chrono::milliseconds(knobInt(knobs::kTimeoutMs, 1, INT_MAX));
+    transport::tcp::TcpDevice* tcp = devices_[static_cast<std::size_t>(dev)].tcp.get();
+    p->result = std::async(std::launch::async, [tcp, spec, deadline] { return tcp->openChannel(spec, deadline); });
+    const std::uint64_t id = nextPending_++;
+    pending_[id] = std::move(p);
+    setHandlePending(handle, id);
+    return nullptr;
+  }
+  auto it = pending_.find(h.pending);
+  if (it == pending_.end()) return invalidArgument("connection handle names no connect in progress");
+  PendingConnect& p = *it->second;
+  if (p.result.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return nullptr;
+  Result<transport::ChannelPtr> ch = p.result.get();
+  auto comm = std::make_unique<SendComm>();
+  comm->dev = p.dev;
+  comm->listenId = h.listenId;
+  comm->connectionId = p.connectionId;
+  pending_.erase(it);
+  setHandlePending(handle, 0);
+  if (!ch) return ch.status().withContext("connect");
+  comm->channel = std::move(ch).value();
+  SendComm* raw = comm.get();
+  sends_[raw] = std::move(comm);
+  return raw;
+}
+
+Result<RecvComm*> Core::accept(ListenComm* listen) {
+  std::unique_lock lock(mu_);
+  auto it = listens_.find(listen);
+  if (it == listens_.end()) return invalidArgument("accept on an unknown or closed listen comm");
+  const int dev = it->second->dev;
+  const std::uint64_t id = it->second->listenId;
+  lock.unlock();
+  auto got = devices_[static_cast<std::size_t>(dev)].tcp->acceptChannel(id);
+  if (!got) {
+    if (got.status().code() == StatusCode::kAgain) return nullptr;
+    return got.status();
+  }
+  auto comm = std::make_unique<RecvComm>();
+  comm->dev = dev;
+  comm->listenId = id;
+  comm->peer = got->first;
+  comm->channel = std::move(got->second);
+  lock.lock();
+  RecvComm* raw = comm.get();
+  recvs_[raw] = std::move(comm);
+  return raw;
+}
+
+Result<MemHandle*> Core::regMr(void* data, std::size_t size, int type) {
+  // Host memory over TCP needs no registration: the handle only remembers the range, so
+  // registering sub-ranges over and over costs nothing.
+  auto mr = std::make_unique<MemHandle>(MemHandle{data, size, type});
+  std::lock_guard lock(mu_);
+  MemHandle* raw = mr.get();
+  mrs_[raw] = std::move(mr);
+  return raw;
+}
+
+void Core::deregMr(MemHandle* mr) {
+  std::lock_guard lock(mu_);
+  mrs_.erase(mr);
+}
+
+Result<PluginRequest*> Core::isend(SendComm* comm, void* data, std::size_t size, int tag) {
+  std::lock_guard lock(mu_);
+  if (!sends_.count(comm)) return invalidArgument("isend on an unknown or closed send comm");
+  if (comm->inflight >= kMaxRequestsPerComm) return nullptr;
+  MERIDIAN_ASSIGN_OR_RETURN(transport::RequestPtr r,
+                            comm->channel->isend(data, size, static_cast<std::uint32_t>(tag)));
+  auto req = std::make_unique<PluginRequest>();
+  req->owner = comm;
+  req->inflight = &comm->inflight;
+  req->parts.push_back(std::move(r));
+  ++comm->inflight;
+  PluginRequest* raw = req.get();
+  requests_[raw] = std::move(req);
+  return raw;
+}
+
+Result<PluginRequest*> Core::irecv(RecvComm* comm, int n, void** data, const std::size_t* sizes, const int* tags) {
+  if (n < 1 || n > kMaxRecvs) return invalidArgument("irecv of {} buffers (1 to {})", n, kMaxRecvs);
+  std::lock_guard lock(mu_);
+  if (!recvs_.count(comm)) return invalidArgument("irecv on an unknown or closed receive comm");
+  if (comm->inflight >= kMaxRequestsPerComm) return nullptr;
+  auto req = std::make_unique<PluginRequest>();
+  req->owner = comm;
+  req->inflight = &comm->inflight;
+  for (int i = 0; i < n; ++i) {
+    MERIDIAN_ASSIGN_OR_RETURN(transport::RequestPtr r,
+                              comm->channel->irecv(data[i], sizes[i], static_cast<std::uint32_t>(tags[i])));
+    req->parts.push_back(std::move(r));
+  }
+  ++comm->inflight;
+  PluginRequest* raw = req.get();
+  requests_[raw] = std::move(req);
+  return raw;
+}
+
+Result<bool> Core::test(PluginRequest* request, int* sizes) {
+  std::lock_guard lock(mu_);
+  auto it = requests_.find(request);
+  if (it == requests_.end()) return invalidArgument("test of an unknown or finished request");
+  for (const auto& part : request->parts) {
+    if (!part->test()) return false;
+  }
+  Status st = Status::ok();
+  for (std::size_t i = 0; i < request->parts.size(); ++i) {
+    const auto& part = request->parts[i];
+    if (!part->status().isOk() && st.isOk()) st = part->status();
+    if (sizes != nullptr) sizes[i] = static_cast<int>(std::min<std::size_t>(part->bytes(), INT_MAX));
+  }
+  --*request->inflight;
+  requests_.erase(it);
+  if (!st.isOk()) return st;
+  return true;
+}
+
+namespace {
+template <typename Map>
+void dropRequestsOf(Map& requests, const void* owner) {
+  std::erase_if(requests, [&](const auto& entry) { return entry.second->owner == owner; });
+}
+}  // namespace
+
+Status Core::closeSend(SendComm* comm) {
+  std::unique_lock lock(mu_);
+  auto it = sends_.find(comm);
+  if (it == sends_.end()) return invalidArgument("closeSend of an unknown or closed send comm");
+  std::unique_ptr<SendComm> owned = std::move(it->second);
+  sends_.erase(it);
+  dropRequestsOf(requests_, comm);
+  lock.unlock();
+  return devices_[static_cast<std::size_t>(owned->dev)].tcp->closeChannel(owned->listenId, 0);
+}
+
+Status Core::closeRecv(RecvComm* comm) {
+  std::unique_lock lock(mu_);
+  auto it = recvs_.find(comm);
+  if (it == recvs_.end()) return invalidArgument("closeRecv of an unknown or closed receive comm");
+  std::unique_ptr<RecvComm> owned = std::move(it->second);
+  recvs_.erase(it);
+  dropRequestsOf(requests_, comm);
+  lock.unlock();
+  return devices_[static_cast<std::size_t>(owned->dev)].tcp->closeChannel(owned->listenId, owned->peer);
+}
+
+Status Core::closeListen(ListenComm* comm) {
+  std::lock_guard lock(mu_);
+  if (listens_.erase(comm) == 0) return invalidArgument("closeListen of an unknown or closed listen comm");
+  return Status::ok();
+}
+
+bool Core::isListen(const void* p) const {
+  std::lock_guard lock(mu_);
+  return listens_.count(p) > 0;
+}
+bool Core::isSend(const void* p) const {
+  std::lock_guard lock(mu_);
+  return sends_.count(p) > 0;
+}
+bool Core::isRecv(const void* p) const {
+  std::lock_guard lock(mu_);
+  return recvs_.count(p) > 0;
+}
+bool Core::isRequest(const void* p) const {
+  std::lock_guard lock(mu_);
+  return requests_.count(p) > 0;
+}
+
+}  // namespace meridian::plugin

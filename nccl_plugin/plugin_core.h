@@ -1,0 +1,130 @@
+// The NCCL net plugin's core: NCCL's connection model (listen / connect / accept, one-way
+// connections, FIFO per connection, NULL-until-ready, NULL requests for back-pressure) on
+// Meridian's multipath TCP channels. No NCCL types and no routing logic here: the API layer
+// (plugin_api.cc) validates arguments, catches exceptions and maps Status to ncclResult_t,
+// and the channels stripe and fail over by their measured rates.
+//
+// Devices: by default one virtual device spanning every local path (MERIDIAN_PATHS, or every
+// IPv4 interface that is up and not loopback, else loopback), so NCCL sees one NIC and the
+// multipath channel stripes inside it; MERIDIAN_NCCL_DEVICES=paths exposes one device per
+// path instead.
+//
+// Threads: NCCL calls from its proxy threads; every method is thread-safe.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "transport/channel.h"
+#include "transport/tcp/tcp_device.h"
+
+namespace meridian::plugin {
+
+// What listen() hands NCCL to pass to the connecting rank (at most 128 bytes on the wire).
+struct ConnectHandle {
+  static constexpr std::size_t kBytes = 128;
+  static constexpr std::size_t kMaxPaths = 12;
+  std::uint64_t listenId = 0;               // which listen comm (the channels' session id)
+  std::vector<std::string> addresses;       // the listener's "ip:port" per path (IPv4)
+  std::uint64_t pending = 0;                // connector side: its connect in progress (0: none)
+};
+// Layout: magic "MRDH", version, path count, listen id, pending id, then ip and port per path.
+void encodeHandle(const ConnectHandle& h, std::span<std::uint8_t, ConnectHandle::kBytes> out);
+// invalidArgument on a wrong magic or version, a path count of 0 or over kMaxPaths.
+Result<ConnectHandle> decodeHandle(std::span<const std::uint8_t, ConnectHandle::kBytes> in);
+// Connector side: records the connect in progress in the handle NCCL passes again.
+void setHandlePending(std::span<std::uint8_t, ConnectHandle::kBytes> handle, std::uint64_t pending);
+
+struct DeviceInfo {
+  std::string name;      // "meridian0"
+  std::string pciPath;   // sysfs path of the first path's interface
+  std::vector<std::string> addresses;  // local IPv4 per path
+  std::vector<std::string> interfaces; // their interface names
+  int speedMbps = 0;     // summed link speed of the paths (kernel's figure; 10 Gbit/s when unknown)
+  float latencyUs = 0;   // unknown at start-up: 0
+  std::uint64_t guid = 0;
+};
+
+// Grouped receives: at most this many buffers in one irecv (maxRecvs).
+inline constexpr int kMaxRecvs = 8;
+inline constexpr int kMaxRequestsPerComm = 32;
+
+struct ListenComm;
+struct SendComm;
+struct RecvComm;
+struct MemHandle {
+  void* data = nullptr;
+  std::size_t size = 0;
+  int type = 0;
+};
+struct PluginRequest;
+
+class Core {
+ public:
+  // The process's core, created on first use from the environment (MERIDIAN_PATHS,
+  // MERIDIAN_NCCL_DEVICES, MERIDIAN_SECRET, ...). Lives until the process exits.
+  static Result<Core*> instance();
+
+  int deviceCount() const { return static_cast<int>(devices_.size()); }
+  const DeviceInfo& device(int dev) const { return devices_[static_cast<std::size_t>(dev)].info; }
+
+  Result<ListenComm*> listen(int dev, std::span<std::uint8_t, ConnectHandle::kBytes> handle);
+  // nullptr while the connection is being set up (call again with the same handle).
+  Result<SendComm*> connect(int dev, std::span<std::uint8_t, ConnectHandle::kBytes> handle);
+  // nullptr until a connector has all its streams up.
+  Result<RecvComm*> accept(ListenComm* listen);
+
+  Result<MemHandle*> regMr(void* data, std::size_t size, int type);
+  void deregMr(MemHandle* mr);
+
+  // nullptr: kMaxRequestsPerComm are in flight; try again later.
+  Result<PluginRequest*> isend(SendComm* comm, void* data, std::size_t size, int tag);
+  Result<PluginRequest*> irecv(RecvComm* comm, int n, void** data, const std::size_t* sizes, const int* tags);
+  // true when done (then `sizes`, when given, gets the bytes per buffer, and the request is
+  // freed); an error frees it too.
+  Result<bool> test(PluginRequest* request, int* sizes);
+
+  Status closeSend(SendComm* comm);
+  Status closeRecv(RecvComm* comm);
+  Status closeListen(ListenComm* comm);
+
+  // Is this one of ours (and alive)? For argument checks.
+  bool isListen(const void* p) const;
+  bool isSend(const void* p) const;
+  bool isRecv(const void* p) const;
+  bool isRequest(const void* p) const;
+
+ private:
+  struct Device {
+    DeviceInfo info;
+    std::unique_ptr<transport::tcp::TcpDevice> tcp;
+  };
+  struct PendingConnect {
+    int dev = 0;
+    int connectionId = 0;
+    std::future<Result<transport::ChannelPtr>> result;
+  };
+  Core() = default;
+  Status init();
+
+  std::vector<Device> devices_;
+  mutable std::mutex mu_;
+  std::uint64_t nextPending_ = 1;
+  std::map<std::uint64_t, std::unique_ptr<PendingConnect>> pending_;
+  std::map<const void*, std::unique_ptr<ListenComm>> listens_;
+  std::map<const void*, std::unique_ptr<SendComm>> sends_;
+  std::map<const void*, std::unique_ptr<RecvComm>> recvs_;
+  std::map<const void*, std::unique_ptr<PluginRequest>> requests_;
+  std::map<const void*, std::unique_ptr<MemHandle>> mrs_;
+};
+
+}  // namespace meridian::plugin

@@ -1,0 +1,188 @@
+// libnccl-net-meridian.so as NCCL sees it: loaded by file name, only the plugin tables
+// exported, fields sane, and the conformance harness (tests/nccl_plugin/conformance.h) in
+// one process (connect and accept alternated on one thread) and between two processes
+// (meridian-nccl-check).
+// ctest sets LD_LIBRARY_PATH to the library's folder, two loopback paths and a job secret.
+#include <gtest/gtest.h>
+
+#include <dlfcn.h>
+
+#include <array>
+#include <cstdio>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "nccl_plugin/plugin_core.h"
+#include "nccl_plugin/conformance.h"
+
+namespace meridian::plugin {
+namespace {
+
+constexpr const char* kSoName = "libnccl-net-meridian.so";
+
+std::string run(const std::string& cmd) {
+  std::string out;
+  FILE* f = ::popen(cmd.c_str(), "r");
+  if (f == nullptr) return out;
+  std::array<char, 4096> buf;
+  while (std::fgets(buf.data(), buf.size(), f) != nullptr) out += buf.data();
+  ::pclose(f);
+  return out;
+}
+
+TEST(NcclPluginTest, ExportsThePluginTablesAndNothingElse) {
+  const std::string out = run(std::string("nm -D --defined-only ") + MERIDIAN_PLUGIN_FILE);
+  ASSERT_FALSE(out.empty()) << "nm printed nothing for " << MERIDIAN_PLUGIN_FILE;
+  std::set<std::string> names;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream fields(line);
+    std::string a, b, c;
+    fields >> a >> b >> c;
+    names.insert(c.empty() ? b : c);
+  }
+  EXPECT_EQ(names, (std::set<std::string>{"ncclNetPlugin_v8", "ncclNetPlugin_v9", "ncclNetPlugin_v10",
+                                          "ncclNetPlugin_v11"}))
+      << out;
+}
+
+TEST(NcclPluginTest, LoadsByNameWithSaneTablesAndProperties) {
+  void* lib = ::dlopen(kSoName, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(lib, nullptr) << ::dlerror() << " (is LD_LIBRARY_PATH set as ctest sets it?)";
+  for (const char* sym : {"ncclNetPlugin_v11", "ncclNetPlugin_v10", "ncclNetPlugin_v9", "ncclNetPlugin_v8"}) {
+    const auto* table = static_cast<const char* const*>(::dlsym(lib, sym));
+    ASSERT_NE(table, nullptr) << sym;
+    EXPECT_STREQ(table[0], "Meridian") << sym;  // the first field of every version is the name
+  }
+  const auto* v11 = static_cast<const MerNcclNet_v11*>(::dlsym(lib, "ncclNetPlugin_v11"));
+  // Every function of the v11 table is there (the name is the first of 22 pointers).
+  const auto* slots = reinterpret_cast<void* const*>(v11);
+  for (std::size_t i = 1; i < sizeof(MerNcclNet_v11) / sizeof(void*); ++i) EXPECT_NE(slots[i], nullptr) << "slot " << i;
+  const auto* v8 = static_cast<const MerNcclNet_v8*>(::dlsym(lib, "ncclNetPlugin_v8"));
+
+  void* ctx = nullptr;
+  MerNcclNetCommConfig config{-1};
+  ASSERT_EQ(v11->init(&ctx, 1, &config, nullptr, nullptr), kNcclSuccess);
+  EXPECT_NE(ctx, nullptr);
+  int n = 0;
+  ASSERT_EQ(v11->devices(&n), kNcclSuccess);
+  EXPECT_EQ(n, 1) << "one virtual device spans every path by default";
+  MerNcclProps_v11 p{};
+  ASSERT_EQ(v11->getProperties(0, &p), kNcclSuccess);
+  EXPECT_STREQ(p.name, "meridian0");
+  ASSERT_NE(p.pciPath, nullptr);
+  EXPECT_EQ(std::string(p.pciPath).rfind("/sys/", 0), 0u) << p.pciPath;
+  EXPECT_EQ(p.ptrSupport, kNcclPtrHost);
+  EXPECT_GT(p.speed, 0);
+  EXPECT_GE(p.latency, 0.0f);
+  EXPECT_EQ(p.maxRecvs, kMaxRecvs);
+  EXPECT_EQ(p.netDeviceType, kNcclNetDeviceHost);
+  EXPECT_EQ(p.vProps.ndevs, 1);
+  EXPECT_GT(p.maxP2pBytes, std::size_t{64} << 20);
+  // The v8 view of the same device: its shorter layout, same figures.
+  MerNcclProps_v8 p8{};
+  ASSERT_EQ(v8->getProperties(0, &p8), kNcclSuccess);
+  EXPECT_STREQ(p8.name, p.name);
+  EXPECT_EQ(p8.speed, p.speed);
+  EXPECT_EQ(p8.maxRecvs, p.maxRecvs);
+  EXPECT_EQ(v11->finalize(ctx), kNcclSuccess);
+}
+
+TEST(NcclPluginTest, ConformanceInOneProcessAlternatingOnOneThread) {
+  conformance::Plugin p;
+  ASSERT_EQ(conformance::load(kSoName, &p), "");
+  std::vector<std::uint8_t> handle;
+  void* listenComm = nullptr;
+  ASSERT_EQ(conformance::listen(p, &handle, &listenComm), "");
+  void *sendComm = nullptr, *recvComm = nullptr;
+  ASSERT_EQ(conformance::connectAndAccept(p, listenComm, handle, &sendComm, &recvComm), "");
+  EXPECT_EQ(conformance::runPlan(p, sendComm, recvComm), "");
+  EXPECT_EQ(p.net->closeListen(listenComm), kNcclSuccess);
+}
+
+// Two fresh processes (meridian-nccl-check, as a user runs it between two hosts): each loads
+// its own copy of the plugin, the listener hands its handle over through a file.
+TEST(NcclPluginTest, ConformanceBetweenTwoProcesses) {
+  const std::string handle = ::testing::TempDir() + "/nccl-check-handle";
+  std::string listenOut, connectOut;
+  std::thread listener([&] {
+    listenOut = run(fmt::format("{} --listen --handle-file {} 2>&1; echo exit=$?", MERIDIAN_CHECK_BIN, handle));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the listener clears stale files first
+  connectOut = run(fmt::format("{} --connect --handle-file {} 2>&1; echo exit=$?", MERIDIAN_CHECK_BIN, handle));
+  listener.join();
+  EXPECT_NE(listenOut.find("receiver passed"), std::string::npos) << listenOut;
+  EXPECT_NE(listenOut.find("exit=0"), std::string::npos) << listenOut;
+  EXPECT_NE(connectOut.find("sender passed"), std::string::npos) << connectOut;
+  EXPECT_NE(connectOut.find("exit=0"), std::string::npos) << connectOut;
+}
+
+TEST(NcclPluginTest, BadUseReturnsTheDocumentedErrors) {
+  conformance::Plugin p;
+  ASSERT_EQ(conformance::load(kSoName, &p), "");
+  const MerNcclNet_v11* net = p.net;
+  std::vector<std::uint8_t> zeros(kNcclNetHandleMaxBytes, 0);
+  void* comm = nullptr;
+  EXPECT_EQ(net->connect(p.ctx, 0, zeros.data(), &comm, nullptr), kNcclInvalidArgument) << "a handle that is not ours";
+  EXPECT_EQ(comm, nullptr);
+  std::vector<std::uint8_t> handle;
+  void* listenComm = nullptr;
+  ASSERT_EQ(conformance::listen(p, &handle, &listenComm), "");
+  EXPECT_EQ(net->connect(p.ctx, 7, handle.data(), &comm, nullptr), kNcclInvalidArgument) << "no device 7";
+  int bogus = 0;
+  EXPECT_EQ(net->accept(&bogus, &comm, nullptr), kNcclInvalidArgument);
+  EXPECT_EQ(net->isend(&bogus, &bogus, 4, 0, nullptr, nullptr, &comm), kNcclInvalidArgument);
+  int done = 0;
+  EXPECT_EQ(net->test(&bogus, &done, nullptr), kNcclInvalidArgument);
+  MerNcclProps_v11 props{};
+  EXPECT_EQ(net->getProperties(3, &props), kNcclInvalidArgument);
+  EXPECT_EQ(net->devices(nullptr), kNcclInvalidArgument);
+  void *sendComm = nullptr, *recvComm = nullptr;
+  ASSERT_EQ(conformance::connectAndAccept(p, listenComm, handle, &sendComm, &recvComm), "");
+  void* mh = nullptr;
+  EXPECT_EQ(net->regMr(sendComm, &bogus, 4, kNcclPtrCuda, &mh), kNcclInvalidArgument) << "host memory only";
+  EXPECT_EQ(net->regMrDmaBuf(sendComm, &bogus, 4, kNcclPtrDmabuf, 0, -1, &mh), kNcclInvalidArgument);
+  std::array<void*, 9> data{};
+  std::array<std::size_t, 9> sizes{};
+  std::array<int, 9> tags{};
+  void* req = nullptr;
+  EXPECT_EQ(net->irecv(recvComm, 9, data.data(), sizes.data(), tags.data(), nullptr, nullptr, &req),
+            kNcclInvalidArgument)
+      << "more buffers than maxRecvs";
+  EXPECT_EQ(net->closeSend(sendComm), kNcclSuccess);
+  EXPECT_EQ(net->closeSend(sendComm), kNcclInvalidArgument) << "closed twice";
+  EXPECT_EQ(net->closeRecv(recvComm), kNcclSuccess);
+  EXPECT_EQ(net->closeListen(listenComm), kNcclSuccess);
+  EXPECT_EQ(net->closeListen(listenComm), kNcclInvalidArgument);
+}
+
+TEST(NcclPluginHandleTest, RoundTripsAndRefusesGarbage) {
+  ConnectHandle h;
+  h.listenId = 0x0123456789abcdefULL;
+  h.addresses = {"198.18.0.1:4000", "198.18.1.1:4001"};
+  std::array<std::uint8_t, ConnectHandle::kBytes> buf{};
+  encodeHandle(h, buf);
+  auto back = decodeHandle(buf);
+  ASSERT_TRUE(back.isOk()) << back.status().toString();
+  EXPECT_EQ(back->listenId, h.listenId);
+  EXPECT_EQ(back->addresses, h.addresses);
+  EXPECT_EQ(back->pending, 0u);
+  setHandlePending(buf, 77);
+  EXPECT_EQ(decodeHandle(buf)->pending, 77u);
+  auto bad = buf;
+  bad[0] ^= 1;
+  EXPECT_EQ(decodeHandle(bad).status().code(), StatusCode::kInvalidArgument) << "magic";
+  bad = buf;
+  bad[5] = ConnectHandle::kMaxPaths + 1;
+  EXPECT_EQ(decodeHandle(bad).status().code(), StatusCode::kInvalidArgument) << "path count";
+  bad = buf;
+  bad[24 + 4] = bad[24 + 5] = 0;
+  EXPECT_EQ(decodeHandle(bad).status().code(), StatusCode::kInvalidArgument) << "port 0";
+}
+
+}  // namespace
+}  // namespace meridian::plugin
