@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# GPU checks, run on the device machine (../shared/device/README.md): builds the NCCL net
+# plugin and nccl-allreduce-check, then runs real NCCL with two ranks on the one GPU, each
+# with its own NCCL_HOSTID so NCCL takes them for two hosts and all traffic goes through
+# the plugin (NCCL_NET=Meridian makes a plugin that fails to load an error, not a fallback).
+# Logs and the busbw table go to $OUT (default ./gpu-out).
+# Usage: scripts/gpu-check.sh [BUILD_DIR]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build-gpu}
+out=${OUT:-$root/gpu-out}
+mkdir -p "$out"
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+  -DMERIDIAN_WERROR=OFF >"$out/configure.log" 2>&1
+cmake --build "$build" -j "$(nproc)" --target nccl-net-meridian meridian-nccl-check nccl-allreduce-check \
+  >"$out/build.log" 2>&1
+nvidia-smi -L | tee "$out/gpu.txt"
+export LD_LIBRARY_PATH="$build/nccl_plugin:${LD_LIBRARY_PATH:-}"
+export NCCL_NET_PLUGIN=meridian NCCL_NET=Meridian NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET
+export MERIDIAN_SECRET=gpu-check MERIDIAN_PATHS=127.0.0.1,127.0.0.2
+id="$out/nccl-id"
+rm -f "$id"
+NCCL_HOSTID=meridian-a "$build/bench/nccl-allreduce-check" --rank 0 --id-file "$id" >"$out/rank0.log" 2>&1 &
+pid=$!
+NCCL_HOSTID=meridian-b "$build/bench/nccl-allreduce-check" --rank 1 --id-file "$id" >"$out/rank1.log" 2>&1
+wait "$pid"
+echo "== NCCL chose:"; grep -E "NET/Meridian|Using network|NET/Plugin" "$out/rank0.log" | head -20
+echo "== allreduce through the plugin (rank 0):"; grep -E "^#|^ " "$out/rank0.log"

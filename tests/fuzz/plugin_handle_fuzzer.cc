@@ -1,0 +1,27 @@
+// libFuzzer target: arbitrary bytes as the NCCL plugin's 128-byte connection handle (it comes
+// from the peer through NCCL's bootstrap). Decoding never crashes or reads past the handle,
+// and whatever decodes re-encodes to a handle that decodes to the same thing.
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "nccl_plugin/plugin_core.h"
+
+using namespace meridian::plugin;
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  std::array<std::uint8_t, ConnectHandle::kBytes> in{};
+  std::memcpy(in.data(), data, size < in.size() ? size : in.size());
+  auto h = decodeHandle(in);
+  if (!h.isOk()) return 0;
+  std::array<std::uint8_t, ConnectHandle::kBytes> again{};
+  encodeHandle(h.value(), again);
+  auto back = decodeHandle(again);
+  if (!back.isOk() || back->listenId != h->listenId || back->pending != h->pending ||
+      back->addresses != h->addresses) {
+    std::abort();
+  }
+  return 0;
+}

@@ -1,0 +1,57 @@
+// The NCCL net plugin between two lab regions (label `lab`): meridian-nccl-check's listener on
+// an east node and its connector on a west node, three rounds of the conformance plan, while
+// wan-a between the regions first drops to 10 Mbit/s and is then cut entirely. Every transfer
+// completes intact on what is left (the multipath channel inside the plugin's one device).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "tests/common/lab_session.h"
+
+namespace meridian::plugin {
+namespace {
+
+using meridian::testing::LabSession;
+
+TEST(NcclPluginLabTest, TransfersSurviveAPathDegradedAndThenCutBetweenRegions) {
+  if (auto why = meridian::testing::labUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
+  const std::string file = fmt::format("{}/lab/topologies/two-regions.yaml", MERIDIAN_SOURCE_DIR);
+  LabSession session("mlplugin", file, "--time-scale 0.25");
+  auto up = session.up();
+  ASSERT_EQ(up.code, 0) << up.output;
+  const std::string handle = ::testing::TempDir() + "/nccl-lab-handle";
+  const std::string env = fmt::format("env LD_LIBRARY_PATH={} MERIDIAN_SECRET=nccl-lab MERIDIAN_PATH_STALL_MS=1000",
+                                      MERIDIAN_PLUGIN_DIR);
+  meridian::testing::CommandResult listener;
+  std::thread receiving([&] {
+    listener = session.run(fmt::format("run east-1 -- {} {} --listen --handle-file {} --repeat 3", env,
+                                       MERIDIAN_CHECK_BIN, handle));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  meridian::testing::CommandResult sender;
+  std::thread sending([&] {
+    sender = session.run(fmt::format("run west-1 -- {} {} --connect --handle-file {} --repeat 3", env,
+                                     MERIDIAN_CHECK_BIN, handle));
+  });
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  auto degrade = session.run("set wan-a east west --rate 10Mbit");
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  auto cut = session.run("cut wan-a east west");
+  sending.join();
+  receiving.join();
+  EXPECT_EQ(degrade.code, 0) << degrade.output;
+  EXPECT_EQ(cut.code, 0) << cut.output;
+  EXPECT_EQ(sender.code, 0) << sender.output;
+  EXPECT_EQ(listener.code, 0) << listener.output;
+  EXPECT_NE(sender.output.find("sender passed"), std::string::npos) << sender.output;
+  EXPECT_NE(listener.output.find("receiver passed"), std::string::npos) << listener.output;
+  if (auto at = listener.output.find("meridian-nccl-check:"); at != std::string::npos) {
+    std::printf("[ plugin   ] %s", listener.output.substr(at).c_str());
+  }
+}
+
+}  // namespace
+}  // namespace meridian::plugin
