@@ -370,6 +370,20 @@ std::string transferPlan(Plugin& p, void* sendComm, void* recvComm) {
       rx.x.push_back(std::move(t));
     }
   }
+  // regMr on sub-ranges of one registered buffer, as NCCL does for its staging buffers: each
+  // must succeed on its own and cost nothing (1,000 of them).
+  for (auto* side : {&tx, &rx}) {
+    if (side->comm == nullptr || side->x.empty()) continue;
+    std::vector<std::uint8_t>& whole = side->x.back().buf;
+    for (std::size_t i = 0; i < 1000; ++i) {
+      void* mh = nullptr;
+      const std::size_t off = (i * 4099) % (whole.size() / 2);
+      if (int rc = net->regMr(side->comm, whole.data() + off, whole.size() / 2, kNcclPtrHost, &mh); rc != kNcclSuccess) {
+        return fmt::format("regMr of a sub-range: {}", rc);
+      }
+      if (int rc = net->deregMr(side->comm, mh); rc != kNcclSuccess) return fmt::format("deregMr of a sub-range: {}", rc);
+    }
+  }
   std::string e = runUntil([&] { return tx.over() && rx.over(); }, [&]() -> std::string {
     if (!tx.over()) tx.step();
     if (!rx.over()) rx.step();
