@@ -265,6 +265,12 @@ void RoutingControl::updateRelays(TimePoint now) {
     }
   }
   for (int peer = rank_ + 1; peer < size_; ++peer) {  // the lower rank of a pair decides
+    // Relays are for links between regions: inside one (or with regions unknown) the
+    // measured rates of sub-millisecond links are too noisy to move traffic onto a third host.
+    if (regions.regionOf.empty() || regions.regionOf[static_cast<std::size_t>(rank_)] ==
+                                        regions.regionOf[static_cast<std::size_t>(peer)]) {
+      continue;
+    }
     const auto& ch = channels_[static_cast<std::size_t>(peer)];
     if (!ch || io_[static_cast<std::size_t>(peer)].failed || now < nextRelayChange_[static_cast<std::size_t>(peer)]) {
       continue;

@@ -493,7 +493,8 @@ void MultipathChannel::onPathFailed(std::size_t path, const Status& why, bool gr
   if (!graceful) {
     p.failures->add();
     if (p.endpoints.relay) {
-      MLOG_WARN(kTransport, "relay path {} to rank {} failed: {}; its chunks move to the other paths", path, peerRank_,
+      // Routine: the via rank left or closed it (a job ending tears relays down mid-stream).
+      MLOG_INFO(kTransport, "relay path {} to rank {} ended: {}; its chunks move to the other paths", path, peerRank_,
                 why.toString());
     } else {
       MLOG_WARN(kTransport, "path {} ({} -> {}) to rank {} failed: {}; its chunks move to the other paths", path,
