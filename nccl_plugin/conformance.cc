@@ -298,6 +298,56 @@ std::string tooLarge(const MerNcclNet_v11* net, void* sendComm, void* recvComm) 
 
 }  // namespace
 
+std::string stream(Plugin& p, void* sendComm, void* recvComm, std::size_t bytes, int iters, int inflight,
+                   double* seconds) {
+  const MerNcclNet_v11* net = p.net;
+  struct End {
+    void* comm;
+    bool sender;
+    std::vector<std::vector<std::uint8_t>> bufs;
+    std::vector<void*> reqs;
+    int posted = 0, done = 0;
+  };
+  std::vector<End> ends;
+  if (sendComm != nullptr) ends.push_back({sendComm, true, {}, {}});
+  if (recvComm != nullptr) ends.push_back({recvComm, false, {}, {}});
+  for (End& e : ends) {
+    e.bufs.assign(static_cast<std::size_t>(inflight), std::vector<std::uint8_t>(bytes, 1));
+    e.reqs.assign(static_cast<std::size_t>(inflight), nullptr);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  std::string e = runUntil([&] { return std::all_of(ends.begin(), ends.end(), [&](const End& x) { return x.done == iters; }); },
+                           [&]() -> std::string {
+    for (End& x : ends) {
+      for (std::size_t slot = 0; slot < x.reqs.size(); ++slot) {
+        if (x.reqs[slot] != nullptr) {
+          int done = 0;
+          if (int rc = net->test(x.reqs[slot], &done, nullptr); rc != kNcclSuccess) return fmt::format("test: {}", rc);
+          if (!done) continue;
+          x.reqs[slot] = nullptr;
+          ++x.done;
+        }
+        if (x.posted == iters) continue;
+        int rc;
+        if (x.sender) {
+          rc = net->isend(x.comm, x.bufs[slot].data(), bytes, 0, nullptr, nullptr, &x.reqs[slot]);
+        } else {
+          void* data = x.bufs[slot].data();
+          std::size_t cap = bytes;
+          int tag = 0;
+          void* mh = nullptr;
+          rc = net->irecv(x.comm, 1, &data, &cap, &tag, &mh, nullptr, &x.reqs[slot]);
+        }
+        if (rc != kNcclSuccess) return fmt::format("{}: {}", x.sender ? "isend" : "irecv", rc);
+        if (x.reqs[slot] != nullptr) ++x.posted;
+      }
+    }
+    return "";
+  });
+  *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return e;
+}
+
 namespace {
 // The plan of sizes, both ways of posting, testing and checking (defined below).
 std::string transferPlan(Plugin& p, void* sendComm, void* recvComm);

@@ -45,4 +45,10 @@ std::string connectAndAccept(Plugin& p, void* listenComm, std::vector<std::uint8
 std::string runPlan(Plugin& p, void* sendComm, void* recvComm, int repeats = 1, std::size_t* bytesMoved = nullptr,
                     const std::function<std::string()>& barrier = {});
 
+// Throughput: `iters` messages of `bytes` one way with up to `inflight` in flight (NULL
+// requests retried), no checking; `*seconds` from the first post to the last completion on
+// this side. Either comm may be null (the other process has it).
+std::string stream(Plugin& p, void* sendComm, void* recvComm, std::size_t bytes, int iters, int inflight,
+                   double* seconds);
+
 }  // namespace meridian::plugin::conformance

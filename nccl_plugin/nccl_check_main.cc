@@ -21,6 +21,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "core/knobs.h"
 #include "nccl_plugin/conformance.h"
 
 namespace {
@@ -62,6 +63,8 @@ int main(int argc, char** argv) {
   std::string handleFile, plugin = "libnccl-net-meridian.so";
   int repeats = 1;
   double timeout = 60;
+  std::string benchSize;
+  int benchIters = 64, benchInflight = 4;
   auto* l = app.add_flag("--listen", listen, "Listen, accept and receive");
   auto* c = app.add_flag("--connect", connect, "Connect and send");
   auto* b = app.add_flag("--both", both, "Both ends in this process, alternating on one thread");
@@ -70,6 +73,9 @@ int main(int argc, char** argv) {
   app.add_option("--handle-file", handleFile, "Where the listener writes its handle and the connector reads it");
   app.add_option("--plugin", plugin, "The plugin library (a file name searched like NCCL does, or a path)");
   app.add_option("--repeat", repeats, "Run the transfer plan this many times")->check(CLI::Range(1, 100000));
+  app.add_option("--bench", benchSize, "Instead of the checks: stream messages of this size one way (e.g. 4M) and print MiB/s");
+  app.add_option("--iters", benchIters, "--bench: messages to stream")->check(CLI::Range(1, 1000000));
+  app.add_option("--inflight", benchInflight, "--bench: messages in flight")->check(CLI::Range(1, 32));
   app.add_option("--timeout", timeout, "Seconds the connector waits for the handle file")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   if (!listen && !connect && !both) {
@@ -96,6 +102,25 @@ int main(int argc, char** argv) {
     if (error.empty()) error = conformance::connectAll(p, handle, &sendComm);
   } else if (error.empty() && both) {
     error = conformance::connectAndAccept(p, listenComm, handle, &sendComm, &recvComm);
+  }
+  if (!benchSize.empty()) {
+    std::size_t size = 0;
+    try {
+      size = static_cast<std::size_t>(meridian::parseByteSize(benchSize, "--bench"));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "meridian-nccl-check: %s\n", e.what());
+      return 2;
+    }
+    double secs = 0;
+    if (error.empty()) error = conformance::stream(p, sendComm, recvComm, size, benchIters, benchInflight, &secs);
+    if (!error.empty()) {
+      std::fprintf(stderr, "meridian-nccl-check: FAILED: %s\n", error.c_str());
+      return 1;
+    }
+    const double mib = static_cast<double>(size) * benchIters / (1 << 20);
+    std::printf("meridian-nccl-check: %s streamed %d x %zu bytes (%d in flight) in %.3f s: %.1f MiB/s\n",
+                listen ? "receiver" : connect ? "sender" : "both ends", benchIters, size, benchInflight, secs, mib / secs);
+    return 0;
   }
   const auto start = std::chrono::steady_clock::now();
   std::size_t bytes = 0;
