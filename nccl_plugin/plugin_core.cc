@@ -17,6 +17,7 @@
 
 #include "core/knobs.h"
 #include "core/log.h"
+#include "core/metrics.h"
 #include "core/wire.h"
 #include "transport/tcp/socket.h"
 
@@ -178,6 +179,13 @@ Result<Core*> Core::instance() {
     return st;
   }
   core = fresh.release();
+  // At exit, stop the devices' threads before the statics they use (logger, metrics) are
+  // destroyed: those exist already, so this handler runs before their destructors.
+  (void)log::logger();
+  (void)MetricsRegistry::global();
+  std::atexit([] {
+    for (auto& d : core->devices_) d.tcp.reset();
+  });
   return core;
 }
 
