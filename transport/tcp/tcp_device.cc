@@ -247,6 +247,8 @@ struct TcpDevice::Impl {
   void readStream(Stream& s);
   void flushStream(Stream& s);
   void failPath(ChannelEntry& e, std::size_t path, const Status& why, bool graceful);
+  // Closes one stream now (no goodbye) and forgets its fd and any frame in progress.
+  void closeStream(Stream& s);
   void progressChannels();
   // Passes the kernel's figures of each path's streams to the channel (PathStats).
   void readTcpInfo(ChannelEntry& e);
@@ -543,16 +545,19 @@ void TcpDevice::Impl::attachStream(ChannelEntry& e, UniqueFd fd, std::size_t pat
 
 // ------------------------------------------------------------------ data streams
 
+void TcpDevice::Impl::closeStream(Stream& s) {
+  s.dead = true;
+  ::epoll_ctl(epfd.get(), EPOLL_CTL_DEL, s.fd.get(), nullptr);
+  streamsByFd.erase(s.fd.get());
+  ::shutdown(s.fd.get(), SHUT_RDWR);
+  s.fd.reset();
+  s.target = RecvTarget{};
+  s.chunk = OutChunk{};
+}
+
 void TcpDevice::Impl::failPath(ChannelEntry& e, std::size_t path, const Status& why, bool graceful) {
   for (auto& s : e.streams[path]) {
-    if (s->dead) continue;
-    s->dead = true;
-    ::epoll_ctl(epfd.get(), EPOLL_CTL_DEL, s->fd.get(), nullptr);
-    streamsByFd.erase(s->fd.get());
-    ::shutdown(s->fd.get(), SHUT_RDWR);
-    s->fd.reset();
-    s->target = RecvTarget{};
-    s->chunk = OutChunk{};
+    if (!s->dead) closeStream(*s);
   }
   e.channel->onPathFailed(path, why, graceful);
 }
@@ -1145,10 +1150,7 @@ Status TcpDevice::closeChannel(std::uint64_t sessionId, int peerRank) {
         for (auto& s : path) {
           if (s->dead) continue;
           d.sayGoodbye(*s);
-          ::epoll_ctl(d.epfd.get(), EPOLL_CTL_DEL, s->fd.get(), nullptr);
-          d.streamsByFd.erase(s->fd.get());
-          ::shutdown(s->fd.get(), SHUT_WR);
-          s->dead = true;
+          d.closeStream(*s);
         }
       }
       (*it)->channel->fail(commError("the channel to rank {} was closed", peerRank));
