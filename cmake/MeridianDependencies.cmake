@@ -5,6 +5,10 @@ find_package(OpenSSL REQUIRED)        # libssl-dev: HMAC for the job-secret hand
 find_package(fmt REQUIRED)            # libfmt-dev
 find_package(spdlog REQUIRED)         # libspdlog-dev
 find_package(nlohmann_json REQUIRED)  # nlohmann-json3-dev
+find_package(ZLIB QUIET)              # zlib1g-dev: the trainer reads gzip'd IDX datasets
+if(NOT ZLIB_FOUND)
+  message(FATAL_ERROR "zlib not found: apt-get install zlib1g-dev")
+endif()
 find_package(CLI11 CONFIG QUIET)      # libcli11-dev
 if(NOT CLI11_FOUND)
   find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp)

@@ -8,7 +8,8 @@ MERIDIAN_BUILD=${MERIDIAN_BUILD_DIR:-$MERIDIAN_ROOT/build}
 # Debian packages: the build, the tests, and the side-by-side benchmarks.
 MERIDIAN_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
-  libssl-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev
+  libssl-dev zlib1g-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev
+  dataset-fashion-mnist
   libgtest-dev libgmock-dev libbenchmark-dev
   libfabric-dev libibverbs-dev
   openmpi-bin libopenmpi-dev libgloo-dev
