@@ -22,6 +22,8 @@ namespace meridian::kernels {
 namespace {
 
 using testing::BackendBuffer;
+using testing::GemmCase;
+using testing::gemmCases;
 using testing::expectNear;
 using testing::randomFloats;
 using testing::randomLabels;
@@ -72,33 +74,18 @@ double maxAbs(const std::vector<float>& v) {
 }
 
 TEST_F(BackendParityTest, GemmMatchesForEveryTransposeWithPaddedStrides) {
-  struct Shape {
-    int m, n, k;
-  };
-  const std::array<Shape, 6> shapes{{{1, 1, 1}, {7, 5, 3}, {65, 33, 129}, {257, 130, 70}, {128, 256, 512}, {3, 5, 0}}};
-  std::uint64_t seed = 100;
-  for (const Shape& s : shapes) {
-    for (const bool transA : {false, true}) {
-      for (const bool transB : {false, true}) {
-        SCOPED_TRACE(::testing::Message() << "m=" << s.m << " n=" << s.n << " k=" << s.k << " transA=" << transA
-                                          << " transB=" << transB);
-        const int aRows = transA ? s.k : s.m, aCols = transA ? s.m : s.k;
-        const int bRows = transB ? s.n : s.k, bCols = transB ? s.k : s.n;
-        const int lda = aCols + 3, ldb = bCols + 1, ldc = s.n + 2;
-        const auto hostA = randomFloats(static_cast<std::size_t>(aRows * lda), seed++);
-        const auto hostB = randomFloats(static_cast<std::size_t>(bRows * ldb), seed++);
-        const auto hostC = randomFloats(static_cast<std::size_t>(s.m * ldc), seed++);
-        const float alpha = 0.75f, beta = -1.5f;  // exact in double too
-        const auto [cpu, gpu] = onBoth([&](Backend& b) {
-          BackendBuffer<float> a(b, hostA), bb(b, hostB), c(b, hostC);
-          b.gemm(transA, transB, s.m, s.n, s.k, alpha, a.get(), lda, bb.get(), ldb, beta, c.get(), ldc);
-          return c.download();
-        });
-        // The magnitude any element of C can reach; rounding is relative to it.
-        const double scale = 0.75 * s.k * maxAbs(hostA) * maxAbs(hostB) + 1.5 * maxAbs(hostC);
-        expectNear(gpu, cpu, 0, 1e-5 * scale);
-      }
-    }
+  const float alpha = 0.75f, beta = -1.5f;
+  for (const GemmCase& g : gemmCases({{1, 1, 1}, {7, 5, 3}, {65, 33, 129}, {257, 130, 70}, {128, 256, 512}, {3, 5, 0}},
+                                     100)) {
+    SCOPED_TRACE(g.describe());
+    const auto [cpu, gpu] = onBoth([&](Backend& b) {
+      BackendBuffer<float> a(b, g.a), bb(b, g.b), c(b, g.c);
+      b.gemm(g.transA, g.transB, g.m, g.n, g.k, alpha, a.get(), g.lda, bb.get(), g.ldb, beta, c.get(), g.ldc);
+      return c.download();
+    });
+    // The magnitude any element of C can reach; rounding is relative to it.
+    const double scale = 0.75 * g.k * maxAbs(g.a) * maxAbs(g.b) + 1.5 * maxAbs(g.c);
+    expectNear(gpu, cpu, 0, 1e-5 * scale);
   }
 }
 

@@ -21,6 +21,8 @@ namespace meridian::kernels {
 namespace {
 
 using testing::BackendBuffer;
+using testing::GemmCase;
+using testing::gemmCases;
 using testing::expectNear;
 using testing::randomFloats;
 using testing::randomLabels;
@@ -32,28 +34,23 @@ class CpuBackendTest : public ::testing::Test {
 
 // ---- GEMM ------------------------------------------------------------------------------
 
-struct GemmShape {
-  int m, n, k;
-};
-
-// op(A)[i][p] and op(B)[p][j] read through the row strides, in double.
-std::vector<double> gemmReference(bool transA, bool transB, const GemmShape& s, double alpha,
-                                  const std::vector<float>& a, int lda, const std::vector<float>& b, int ldb,
-                                  double beta, const std::vector<float>& c, int ldc, std::vector<double>* scale) {
-  std::vector<double> out(c.begin(), c.end());
-  scale->assign(c.size(), 0.0);
-  for (int i = 0; i < s.m; ++i) {
-    for (int j = 0; j < s.n; ++j) {
+// C = alpha op(A) op(B) + beta C in double, reading op(A)[i][p] and op(B)[p][j] through the
+// strides; `scale` gets each element's magnitude (0 for padding, which must stay as it was).
+std::vector<double> gemmReference(const GemmCase& g, double alpha, double beta, std::vector<double>* scale) {
+  std::vector<double> out(g.c.begin(), g.c.end());
+  scale->assign(g.c.size(), 0.0);
+  for (int i = 0; i < g.m; ++i) {
+    for (int j = 0; j < g.n; ++j) {
       double sum = 0;
       double magnitude = 0;
-      for (int p = 0; p < s.k; ++p) {
-        const double x = a[static_cast<std::size_t>(transA ? p * lda + i : i * lda + p)];
-        const double y = b[static_cast<std::size_t>(transB ? j * ldb + p : p * ldb + j)];
+      for (int p = 0; p < g.k; ++p) {
+        const double x = g.a[static_cast<std::size_t>(g.transA ? p * g.lda + i : i * g.lda + p)];
+        const double y = g.b[static_cast<std::size_t>(g.transB ? j * g.ldb + p : p * g.ldb + j)];
         sum += x * y;
         magnitude += std::fabs(x * y);
       }
-      const auto at = static_cast<std::size_t>(i * ldc + j);
-      const double cIn = c[at];
+      const auto at = static_cast<std::size_t>(i * g.ldc + j);
+      const double cIn = g.c[at];
       out[at] = alpha * sum + beta * cIn;
       (*scale)[at] = std::fabs(alpha) * magnitude + std::fabs(beta * cIn);
     }
@@ -62,30 +59,15 @@ std::vector<double> gemmReference(bool transA, bool transB, const GemmShape& s, 
 }
 
 TEST_F(CpuBackendTest, GemmMatchesDoubleReferenceForEveryTransposeWithPaddedStrides) {
-  const std::array<GemmShape, 5> shapes{{{7, 5, 3}, {1, 1, 1}, {13, 17, 11}, {33, 9, 65}, {4, 6, 0}}};
-  std::uint64_t seed = 1;
-  for (const GemmShape& s : shapes) {
-    for (const bool transA : {false, true}) {
-      for (const bool transB : {false, true}) {
-        SCOPED_TRACE(::testing::Message() << "m=" << s.m << " n=" << s.n << " k=" << s.k << " transA=" << transA
-                                          << " transB=" << transB);
-        // Stored shapes (before op), each row padded by a few unused elements.
-        const int aRows = transA ? s.k : s.m, aCols = transA ? s.m : s.k;
-        const int bRows = transB ? s.n : s.k, bCols = transB ? s.k : s.n;
-        const int lda = aCols + 3, ldb = bCols + 2, ldc = s.n + 5;
-        const auto hostA = randomFloats(static_cast<std::size_t>(aRows * lda), seed++);
-        const auto hostB = randomFloats(static_cast<std::size_t>(bRows * ldb), seed++);
-        const auto hostC = randomFloats(static_cast<std::size_t>(s.m * ldc), seed++);
-        BackendBuffer<float> a(*backend_, hostA), b(*backend_, hostB), c(*backend_, hostC);
-        backend_->gemm(transA, transB, s.m, s.n, s.k, 1.25f, a.get(), lda, b.get(), ldb, -0.5f, c.get(), ldc);
-        std::vector<double> scale;
-        const auto want = gemmReference(transA, transB, s, 1.25, hostA, lda, hostB, ldb, -0.5, hostC, ldc, &scale);
-        const auto got = c.download();
-        for (std::size_t i = 0; i < got.size(); ++i) {
-          // Padding (scale 0) must come back untouched, to the bit.
-          ASSERT_NEAR(got[i], want[i], 1e-5 * scale[i]) << "element " << i;
-        }
-      }
+  for (const GemmCase& g : gemmCases({{7, 5, 3}, {1, 1, 1}, {13, 17, 11}, {33, 9, 65}, {4, 6, 0}}, 1)) {
+    SCOPED_TRACE(g.describe());
+    BackendBuffer<float> a(*backend_, g.a), b(*backend_, g.b), c(*backend_, g.c);
+    backend_->gemm(g.transA, g.transB, g.m, g.n, g.k, 1.25f, a.get(), g.lda, b.get(), g.ldb, -0.5f, c.get(), g.ldc);
+    std::vector<double> scale;
+    const auto want = gemmReference(g, 1.25, -0.5, &scale);
+    const auto got = c.download();
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], 1e-5 * scale[i]) << "element " << i;
     }
   }
 }

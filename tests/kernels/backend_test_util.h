@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -55,6 +57,44 @@ inline std::vector<std::int32_t> randomLabels(std::size_t n, int classes, std::u
   std::vector<std::int32_t> v(n);
   for (std::int32_t& x : v) x = dist(rng);
   return v;
+}
+
+// One gemm call's operands: random A, B and C stored row-major (A m x k, or k x m when
+// transposed; B k x n or n x k; C m x n), every row padded by a few unused elements so the
+// strides lda/ldb/ldc are above the minimum.
+struct GemmCase {
+  bool transA, transB;
+  int m, n, k;
+  int lda, ldb, ldc;
+  std::vector<float> a, b, c;
+
+  std::string describe() const {
+    return "m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+           " transA=" + std::to_string(transA) + " transB=" + std::to_string(transB);
+  }
+};
+
+struct GemmShape {
+  int m, n, k;
+};
+
+// Every shape with all four transpose combinations.
+inline std::vector<GemmCase> gemmCases(const std::vector<GemmShape>& shapes, std::uint64_t seed) {
+  std::vector<GemmCase> cases;
+  for (const GemmShape& s : shapes) {
+    for (const bool transA : {false, true}) {
+      for (const bool transB : {false, true}) {
+        const int aRows = transA ? s.k : s.m, aCols = transA ? s.m : s.k;
+        const int bRows = transB ? s.n : s.k, bCols = transB ? s.k : s.n;
+        GemmCase g{transA, transB, s.m, s.n, s.k, aCols + 3, bCols + 2, s.n + 5, {}, {}, {}};
+        g.a = randomFloats(static_cast<std::size_t>(aRows * g.lda), seed++);
+        g.b = randomFloats(static_cast<std::size_t>(bRows * g.ldb), seed++);
+        g.c = randomFloats(static_cast<std::size_t>(s.m * g.ldc), seed++);
+        cases.push_back(std::move(g));
+      }
+    }
+  }
+  return cases;
 }
 
 // |actual - expected| <= abs + rel * |expected| element by element; stops at the first few
