@@ -119,7 +119,10 @@ class CpuBackend final : public Backend {
                                 float* dlogits, float gradScale) override;
 
   void sgdStep(float* w, const float* g, float* velocity, std::size_t n, const SgdParams& p) override {
-    for (std::size_t i = 0; i < n; ++i) detail::sgdUpdate(w[i], g[i], velocity[i], p.lr, p.momentum, p.weightDecay, p.nesterov);
+    // Locals, so the stores to w cannot alias the parameters (and the loop vectorises).
+    const float lr = p.lr, momentum = p.momentum, weightDecay = p.weightDecay;
+    const bool nesterov = p.nesterov;
+    for (std::size_t i = 0; i < n; ++i) detail::sgdUpdate(w[i], g[i], velocity[i], lr, momentum, weightDecay, nesterov);
   }
 
   void adamwStep(float* w, const float* g, float* m, float* v, std::size_t n, const AdamWParams& p,
