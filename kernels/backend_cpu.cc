@@ -65,7 +65,12 @@ class CpuBackend final : public Backend {
     copyBytes(hostDst, src, bytes);
     return ++lastTicket_;
   }
-  void waitStaged(std::uint64_t /*ticket*/) override {}
+  void waitStaged(std::uint64_t ticket) override {
+    if (ticket > lastTicket_) {
+      detail::throwInvalid("waitStaged: ticket " + std::to_string(ticket) + " was never issued (last " +
+                           std::to_string(lastTicket_) + ")");
+    }
+  }
   void stageToDevice(void* dst, const void* hostSrc, std::size_t bytes) override { copyBytes(dst, hostSrc, bytes); }
 
   // ---- Math ----
@@ -122,7 +127,9 @@ class CpuBackend final : public Backend {
     // Locals, so the stores to w cannot alias the parameters (and the loop vectorises).
     const float lr = p.lr, momentum = p.momentum, weightDecay = p.weightDecay;
     const bool nesterov = p.nesterov;
-    for (std::size_t i = 0; i < n; ++i) detail::sgdUpdate(w[i], g[i], velocity[i], lr, momentum, weightDecay, nesterov);
+    for (std::size_t i = 0; i < n; ++i) {
+      detail::sgdUpdate(w[i], g[i], velocity[i], lr, momentum, weightDecay, nesterov);
+    }
   }
 
   void adamwStep(float* w, const float* g, float* m, float* v, std::size_t n, const AdamWParams& p,

@@ -383,8 +383,8 @@ Result<std::unique_ptr<Backend>> makeCudaBackend(int ordinal) {
   }
   if (count == 0) return Status(StatusCode::kInvalidArgument, "no CUDA device: cudaGetDeviceCount found none");
   if (ordinal < 0 || ordinal >= count) {
-    return Status(StatusCode::kInvalidArgument,
-                  "CUDA device " + std::to_string(ordinal) + " does not exist (" + std::to_string(count) + " visible)");
+    return Status(StatusCode::kInvalidArgument, "CUDA device " + std::to_string(ordinal) + " does not exist (" +
+                                                    std::to_string(count) + " visible)");
   }
   try {
     return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(ordinal));

@@ -266,7 +266,8 @@ cudaError_t biasGrad(const Launch& l, const float* dy, float* dbias, int rows, i
 }
 
 cudaError_t activationForward(const Launch& l, bool gelu, const float* x, float* y, std::size_t n) {
-  return gelu ? launchEach(l, n, ActivationForwardOp<true>{x, y}) : launchEach(l, n, ActivationForwardOp<false>{x, y});
+  return gelu ? launchEach(l, n, ActivationForwardOp<true>{x, y})
+              : launchEach(l, n, ActivationForwardOp<false>{x, y});
 }
 
 cudaError_t activationBackward(const Launch& l, bool gelu, const float* x, const float* dy, float* dx,
@@ -285,7 +286,9 @@ cudaError_t adamwStep(const Launch& l, float* w, const float* g, float* m, float
   return launchEach(l, n, AdamWOp{w, g, m, v, f});
 }
 
-cudaError_t scale(const Launch& l, float* x, std::size_t n, float factor) { return launchEach(l, n, ScaleOp{x, factor}); }
+cudaError_t scale(const Launch& l, float* x, std::size_t n, float factor) {
+  return launchEach(l, n, ScaleOp{x, factor});
+}
 cudaError_t axpy(const Launch& l, float alpha, const float* x, float* y, std::size_t n) {
   return launchEach(l, n, AxpyOp{alpha, x, y});
 }

@@ -63,7 +63,8 @@ template <typename T>
 void expectBitEqual(const std::vector<T>& cpu, const std::vector<T>& gpu) {
   ASSERT_EQ(cpu.size(), gpu.size());
   for (std::size_t i = 0; i < cpu.size(); ++i) {
-    ASSERT_EQ(std::memcmp(&cpu[i], &gpu[i], sizeof(T)), 0) << "element " << i << ": cpu " << cpu[i] << ", gpu " << gpu[i];
+    ASSERT_EQ(std::memcmp(&cpu[i], &gpu[i], sizeof(T)), 0)
+        << "element " << i << ": cpu " << cpu[i] << ", gpu " << gpu[i];
   }
 }
 
@@ -75,8 +76,8 @@ double maxAbs(const std::vector<float>& v) {
 
 TEST_F(BackendParityTest, GemmMatchesForEveryTransposeWithPaddedStrides) {
   const float alpha = 0.75f, beta = -1.5f;
-  for (const GemmCase& g : gemmCases({{1, 1, 1}, {7, 5, 3}, {65, 33, 129}, {257, 130, 70}, {128, 256, 512}, {3, 5, 0}},
-                                     100)) {
+  const auto cases = gemmCases({{1, 1, 1}, {7, 5, 3}, {65, 33, 129}, {257, 130, 70}, {128, 256, 512}, {3, 5, 0}}, 100);
+  for (const GemmCase& g : cases) {
     SCOPED_TRACE(g.describe());
     const auto [cpu, gpu] = onBoth([&](Backend& b) {
       BackendBuffer<float> a(b, g.a), bb(b, g.b), c(b, g.c);
@@ -232,7 +233,8 @@ TEST_F(BackendParityTest, CastsMatchToTheBit) {
   const std::array<float, 10> special{0.0f, -0.0f, 1e-8f, -6e-6f, 5.9604645e-8f, 65504.0f, 65520.0f, INFINITY,
                                       -INFINITY, NAN};
   std::copy(special.begin(), special.end(), floats.begin());
-  for (std::size_t i = special.size(); i < 4096; ++i) floats[i] = std::ldexp(floats[i], -30);  // mostly subnormal halves
+  // Then mostly subnormal halves.
+  for (std::size_t i = special.size(); i < 4096; ++i) floats[i] = std::ldexp(floats[i], -30);
   for (const bool bf16 : {true, false}) {
     SCOPED_TRACE(bf16 ? "bf16" : "f16");
     const auto [cpu, gpu] = onBoth([&](Backend& b) {

@@ -216,7 +216,8 @@ TEST_F(CpuBackendTest, SoftmaxCrossEntropyMatchesDoubleReferenceOnRandomRows) {
     lossSum += std::log(sum) - static_cast<double>(x[hostLabels[r]]);
     correct += argMax == hostLabels[r] ? 1 : 0;
     for (int c = 0; c < classes; ++c) {
-      want[r * classes + c] = static_cast<double>(gradScale) * (std::exp(static_cast<double>(x[c])) / sum - (c == hostLabels[r] ? 1 : 0));
+      const double softmax = std::exp(static_cast<double>(x[c])) / sum;
+      want[r * classes + c] = static_cast<double>(gradScale) * (softmax - (c == hostLabels[r] ? 1 : 0));
     }
   }
   EXPECT_NEAR(stats.lossSum, lossSum, 1e-6 * lossSum);
@@ -387,6 +388,7 @@ TEST_F(CpuBackendTest, AllocReturnsZeroedAlignedMemoryAndStagingRoundTrips) {
   const std::uint64_t second = backend_->stageToHost(pinned, device.get(), 0);
   EXPECT_GT(second, first);
   backend_->waitStaged(second);
+  EXPECT_THROW(backend_->waitStaged(second + 1), std::invalid_argument);  // never issued
   backend_->synchronize();
   for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(pinned[i], 2.0f * host[i]) << i;
   backend_->freeHost(pinned);
