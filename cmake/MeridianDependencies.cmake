@@ -9,6 +9,17 @@ find_package(ZLIB QUIET)              # zlib1g-dev: the trainer reads gzip'd IDX
 if(NOT ZLIB_FOUND)
   message(FATAL_ERROR "zlib not found: apt-get install zlib1g-dev")
 endif()
+# OpenBLAS: the CPU backend's GEMM (libopenblas-dev). Its own cblas.h (next to
+# openblas_config.h) declares openblas_set_num_threads; the generic one may not.
+find_library(OPENBLAS_LIBRARY openblas)
+find_path(OPENBLAS_INCLUDE_DIR openblas_config.h
+          PATH_SUFFIXES openblas-pthread openblas-openmp openblas-serial openblas)
+if(NOT OPENBLAS_LIBRARY OR NOT OPENBLAS_INCLUDE_DIR)
+  message(FATAL_ERROR "OpenBLAS not found: apt-get install libopenblas-dev")
+endif()
+add_library(OpenBLAS::OpenBLAS INTERFACE IMPORTED)
+target_include_directories(OpenBLAS::OpenBLAS SYSTEM INTERFACE ${OPENBLAS_INCLUDE_DIR})
+target_link_libraries(OpenBLAS::OpenBLAS INTERFACE ${OPENBLAS_LIBRARY})
 find_package(CLI11 CONFIG QUIET)      # libcli11-dev
 if(NOT CLI11_FOUND)
   find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp)
@@ -37,6 +48,14 @@ if(MERIDIAN_ENABLE_CUDA STREQUAL "AUTO" OR MERIDIAN_ENABLE_CUDA)
     endif()
     enable_language(CUDA)
     set(MERIDIAN_ENABLE_CUDA ON)
+    # .cu files build as C++20 like the rest (CUDA_STANDARD follows CXX_STANDARD). CMake 3.25
+    # does not know nvcc's C++20 flag, which nvcc has had since 12.0: tell it.
+    if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION AND CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL 12.0)
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+      list(APPEND CMAKE_CUDA_COMPILE_FEATURES cuda_std_20)
+      set(CMAKE_CUDA20_COMPILE_FEATURES cuda_std_20)
+    endif()
   else()
     if(MERIDIAN_ENABLE_CUDA STREQUAL "ON")
       message(WARNING "MERIDIAN_ENABLE_CUDA=ON but nvcc was not found: CUDA kernels are off")

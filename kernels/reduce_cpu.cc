@@ -3,12 +3,13 @@
 #include "kernels/reduce.h"
 
 #include <algorithm>
-#include <bit>
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+
+#include "kernels/half_bits.h"
 
 // Hot loops get one copy per ISA; the dynamic loader picks one through an ifunc.
 // x86-64-v4 (AVX-512 F/BW/DQ/VL) rather than plain avx512f: without BW the 16-bit loops
@@ -29,63 +30,6 @@ namespace {
 
 // Half-precision inputs are widened this many elements at a time into stack buffers.
 constexpr std::size_t kHalfBlockElems = 256;
-
-// ---- Branch-free scalar conversions (inlined into the vector loops) -------------------
-
-MERIDIAN_KERNEL_INLINE float bf16ToFloatInline(std::uint16_t v) {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(v) << 16);
-}
-
-// Round to nearest even by adding 0x7fff plus the lowest kept bit; NaN keeps its sign and
-// top payload bits and gets the quiet bit (so a NaN never truncates to inf).
-MERIDIAN_KERNEL_INLINE std::uint16_t floatToBF16Inline(float f) {
-  const std::uint32_t bits = std::bit_cast<std::uint32_t>(f);
-  const std::uint32_t keptLsb = (bits >> 16) & 1u;
-  const std::uint32_t rounded = (bits + 0x7fffu + keptLsb) >> 16;
-  const std::uint32_t quietNan = (bits >> 16) | 0x0040u;
-  const bool isNan = (bits & 0x7fffffffu) > 0x7f800000u;
-  return static_cast<std::uint16_t>(isNan ? quietNan : rounded);
-}
-
-// All ones when c holds. The f16 conversions select with these masks rather than ?: so GCC
-// if-converts them (nested ?: left "control flow in loop" and no vectorisation for f16).
-MERIDIAN_KERNEL_INLINE std::uint32_t maskIf(bool c) { return 0u - static_cast<std::uint32_t>(c); }
-
-// Exact widening (every half is a float). NaN payloads, including the quiet bit, are kept.
-MERIDIAN_KERNEL_INLINE float f16ToFloatInline(std::uint16_t h) {
-  const std::uint32_t sign = (static_cast<std::uint32_t>(h) & 0x8000u) << 16;
-  const std::uint32_t expMant = (static_cast<std::uint32_t>(h) & 0x7fffu) << 13;
-  const std::uint32_t exponent = expMant & 0x0f800000u;
-  const std::uint32_t isInfOrNan = maskIf(exponent == 0x0f800000u);
-  const std::uint32_t isSubnormal = maskIf(exponent == 0);
-  // Rebias 15 -> 127; exponent 31 moves on to 255.
-  const std::uint32_t normal = expMant + 0x38000000u + (isInfOrNan & 0x38000000u);
-  // Subnormal or zero: read the mantissa as 2^-14 * (1 + m/1024), then subtract 2^-14.
-  const float subnormal = std::bit_cast<float>(expMant + 0x38800000u) - 6.103515625e-05f;
-  const std::uint32_t magnitude =
-      (std::bit_cast<std::uint32_t>(subnormal) & isSubnormal) | (normal & ~isSubnormal);
-  return std::bit_cast<float>(magnitude | sign);
-}
-
-// Full IEEE binary16 with round to nearest even: subnormals via a float add against 0.5
-// (whose ulp is 2^-24, the smallest half subnormal), overflow to inf, NaN kept quiet.
-MERIDIAN_KERNEL_INLINE std::uint16_t floatToF16Inline(float f) {
-  const std::uint32_t bits = std::bit_cast<std::uint32_t>(f);
-  const std::uint32_t sign = (bits >> 16) & 0x8000u;
-  const std::uint32_t absBits = bits & 0x7fffffffu;
-  // Normal: rebias the exponent by (15 - 127) << 23 (mod 2^32) and round the 13 dropped bits.
-  const std::uint32_t mantOdd = (absBits >> 13) & 1u;
-  const std::uint32_t normal = (absBits + 0xc8000fffu + mantOdd) >> 13;
-  const std::uint32_t subnormal =
-      std::bit_cast<std::uint32_t>(std::bit_cast<float>(absBits) + 0.5f) - 0x3f000000u;
-  const std::uint32_t isNan = maskIf(absBits > 0x7f800000u);
-  const std::uint32_t isInf = maskIf(absBits >= 0x47800000u);  // >= 65536 before rounding
-  const std::uint32_t isSubnormal = maskIf(absBits < 0x38800000u);  // < 2^-14
-  const std::uint32_t infOrNan = 0x7c00u | (isNan & (0x0200u | ((absBits >> 13) & 0x03ffu)));
-  const std::uint32_t magnitude = (infOrNan & isInf) | (subnormal & isSubnormal) |
-                                  (normal & ~(isInf | isSubnormal));
-  return static_cast<std::uint16_t>(magnitude | sign);
-}
 
 // ---- Element-wise operators -------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU checks, run on the device machine (../shared/device/README.md): builds the NCCL net
+# GPU checks, run on the device machine (../shared/device/README.md): runs the CUDA backend's
+# parity test against the CPU backend (log in kernels_parity.log), builds the NCCL net
 # plugin and nccl-allreduce-check, then runs real NCCL with two ranks on the one GPU, each
 # with its own NCCL_HOSTID so NCCL takes them for two hosts and all traffic goes through
 # the plugin (NCCL_NET=Meridian makes a plugin that fails to load an error, not a fallback).
@@ -13,8 +14,11 @@ mkdir -p "$out"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DMERIDIAN_WERROR=OFF >"$out/configure.log" 2>&1
 cmake --build "$build" -j "$(nproc)" --target nccl-net-meridian meridian-nccl-check nccl-allreduce-check \
-  >"$out/build.log" 2>&1
+  kernels_backend_parity_test >"$out/build.log" 2>&1
 nvidia-smi -L | tee "$out/gpu.txt"
+echo "== CUDA backend vs CPU backend:"
+"$build/tests/kernels/kernels_backend_parity_test" >"$out/kernels_parity.log" 2>&1 || true
+tail -n 3 "$out/kernels_parity.log"
 export LD_LIBRARY_PATH="$build/nccl_plugin:${LD_LIBRARY_PATH:-}"
 export NCCL_NET_PLUGIN=meridian NCCL_NET=Meridian NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET
 export MERIDIAN_SECRET=gpu-check MERIDIAN_PATHS=127.0.0.1,127.0.0.2

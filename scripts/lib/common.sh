@@ -15,6 +15,7 @@ MERIDIAN_PACKAGES=(
   openmpi-bin libopenmpi-dev libgloo-dev
   clang libclang-rt-14-dev
   iproute2 libyaml-cpp-dev iperf3 iputils-ping
+  libopenblas-dev zlib1g-dev dataset-fashion-mnist
 )
 
 say() { printf '\033[1m[meridian]\033[0m %s\n' "$*" >&2; }

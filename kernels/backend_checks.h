@@ -1,0 +1,72 @@
+// Argument checks and per-call constants shared by the CPU and CUDA backends (host side),
+// so both reject the same calls with the same std::invalid_argument text. Internal to kernels/.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/backend.h"
+#include "kernels/backend_math.h"
+
+namespace meridian::kernels::detail {
+
+[[noreturn]] inline void throwInvalid(const std::string& what) {
+  throw std::invalid_argument("meridian::kernels: " + what);
+}
+
+// AdamW's constants for `step` (counted from 1).
+inline AdamWStepFactors adamwStepFactors(const AdamWParams& p, std::int64_t step) {
+  if (step < 1) {
+    throwInvalid("adamwStep: step counts from 1, got " + std::to_string(step));
+  }
+  const double t = static_cast<double>(step);
+  return AdamWStepFactors{
+      .lr = p.lr,
+      .lrTimesDecay = p.lr * p.weightDecay,
+      .beta1 = p.beta1,
+      .oneMinusBeta1 = 1.0f - p.beta1,
+      .beta2 = p.beta2,
+      .oneMinusBeta2 = 1.0f - p.beta2,
+      .biasCorrection1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), t)),
+      .biasCorrection2 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta2), t)),
+      .eps = p.eps,
+  };
+}
+
+inline void checkShape(const char* op, int rows, int cols) {
+  if (rows < 0 || cols < 0) {
+    throwInvalid(std::string(op) + ": negative shape " + std::to_string(rows) + " x " + std::to_string(cols));
+  }
+}
+
+// Row-major strides: A is stored m x k (k x m when transposed), B k x n (n x k), C m x n.
+inline void checkGemm(bool transA, bool transB, int m, int n, int k, int lda, int ldb, int ldc) {
+  if (m < 0 || n < 0 || k < 0) {
+    throwInvalid("gemm: negative size m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                 " k=" + std::to_string(k));
+  }
+  const auto checkStride = [](const char* name, int ld, int storedCols) {
+    const int minimum = storedCols > 1 ? storedCols : 1;
+    if (ld < minimum) {
+      throwInvalid(std::string("gemm: ") + name + "=" + std::to_string(ld) + " is below the " +
+                   std::to_string(minimum) + " columns stored");
+    }
+  };
+  checkStride("lda", lda, transA ? m : k);
+  checkStride("ldb", ldb, transB ? k : n);
+  checkStride("ldc", ldc, n);
+}
+
+inline void checkSoftmaxShape(int rows, int classes) {
+  checkShape("softmaxCrossEntropy", rows, classes);
+  if (rows > 0 && classes == 0) throwInvalid("softmaxCrossEntropy: 0 classes");
+}
+
+[[noreturn]] inline void throwBadLabel(std::int64_t row, std::int32_t label, int classes) {
+  throwInvalid("softmaxCrossEntropy: label " + std::to_string(label) + " of row " + std::to_string(row) +
+               " is outside [0, " + std::to_string(classes) + ")");
+}
+
+}  // namespace meridian::kernels::detail

@@ -1,0 +1,210 @@
+// The CPU backend: the reference every other backend is checked against. GEMM goes through
+// OpenBLAS; everything else is a plain loop over the shared formulas of backend_math.h,
+// written so GCC can vectorise it. Work runs at once on the caller's thread.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+
+#include "kernels/backend.h"
+#include "kernels/backend_checks.h"
+#include "kernels/backend_math.h"
+#include "kernels/reduce.h"
+
+namespace meridian::kernels {
+namespace {
+
+constexpr std::size_t kAlignBytes = 256;
+
+// Zeroed, 256-byte aligned; at least one alignment unit so every call returns a distinct
+// pointer (0 bytes included).
+void* alignedZeroed(std::size_t bytes) {
+  const std::size_t rounded = std::max(kAlignBytes, (bytes + kAlignBytes - 1) / kAlignBytes * kAlignBytes);
+  if (rounded < bytes) throw std::bad_alloc();  // overflow
+  void* p = std::aligned_alloc(kAlignBytes, rounded);
+  if (p == nullptr) throw std::bad_alloc();
+  std::memset(p, 0, rounded);
+  return p;
+}
+
+void copyBytes(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0 || dst == src) return;
+  std::memmove(dst, src, bytes);
+}
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int blasThreads) {
+    if (blasThreads > 0) openblas_set_num_threads(blasThreads);
+  }
+
+  Device device() const override { return Device::kCpu; }
+
+  std::string describe() const override {
+    const int threads = openblas_get_num_threads();
+    return "cpu (OpenBLAS, " + std::to_string(threads) + (threads == 1 ? " thread)" : " threads)");
+  }
+
+  // ---- Memory: all of it is host memory ----
+
+  void* alloc(std::size_t bytes) override { return alignedZeroed(bytes); }
+  void free(void* p) override { std::free(p); }
+  void copyToDevice(void* dst, const void* hostSrc, std::size_t bytes) override { copyBytes(dst, hostSrc, bytes); }
+  void copyToHost(void* hostDst, const void* src, std::size_t bytes) override { copyBytes(hostDst, src, bytes); }
+  void synchronize() override {}
+
+  void* allocHost(std::size_t bytes) override { return alignedZeroed(bytes); }
+  void freeHost(void* p) override { std::free(p); }
+  // The copy is done when this returns; the ticket only keeps the CUDA backend's contract.
+  std::uint64_t stageToHost(void* hostDst, const void* src, std::size_t bytes) override {
+    copyBytes(hostDst, src, bytes);
+    return ++lastTicket_;
+  }
+  void waitStaged(std::uint64_t ticket) override {
+    if (ticket > lastTicket_) {
+      detail::throwInvalid("waitStaged: ticket " + std::to_string(ticket) + " was never issued (last " +
+                           std::to_string(lastTicket_) + ")");
+    }
+  }
+  void stageToDevice(void* dst, const void* hostSrc, std::size_t bytes) override { copyBytes(dst, hostSrc, bytes); }
+
+  // ---- Math ----
+
+  void gemm(bool transA, bool transB, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
+            int ldb, float beta, float* c, int ldc) override {
+    detail::checkGemm(transA, transB, m, n, k, lda, ldb, ldc);
+    if (m == 0 || n == 0) return;
+    cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans, m, n, k,
+                alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+
+  void addBias(float* y, const float* bias, int rows, int cols) override {
+    detail::checkShape("addBias", rows, cols);
+    const auto width = static_cast<std::size_t>(cols);
+    for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r) {
+      float* __restrict row = y + r * width;
+      for (std::size_t col = 0; col < width; ++col) row[col] += bias[col];
+    }
+  }
+
+  // Row by row in float, the order the CUDA kernel's per-column threads sum in too.
+  void biasGrad(const float* dy, float* dbias, int rows, int cols) override {
+    detail::checkShape("biasGrad", rows, cols);
+    const auto width = static_cast<std::size_t>(cols);
+    float* __restrict out = dbias;
+    std::fill(out, out + width, 0.0f);
+    for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r) {
+      const float* __restrict row = dy + r * width;
+      for (std::size_t col = 0; col < width; ++col) out[col] += row[col];
+    }
+  }
+
+  void activationForward(Activation act, const float* x, float* y, std::size_t n) override {
+    if (act == Activation::kRelu) {
+      for (std::size_t i = 0; i < n; ++i) y[i] = detail::relu(x[i]);
+    } else {
+      for (std::size_t i = 0; i < n; ++i) y[i] = detail::gelu(x[i]);
+    }
+  }
+
+  void activationBackward(Activation act, const float* x, const float* dy, float* dx, std::size_t n) override {
+    if (act == Activation::kRelu) {
+      for (std::size_t i = 0; i < n; ++i) dx[i] = detail::reluBackward(x[i], dy[i]);
+    } else {
+      for (std::size_t i = 0; i < n; ++i) dx[i] = dy[i] * detail::geluDerivative(x[i]);
+    }
+  }
+
+  LossStats softmaxCrossEntropy(const float* logits, const std::int32_t* labels, int rows, int classes,
+                                float* dlogits, float gradScale) override;
+
+  void sgdStep(float* w, const float* g, float* velocity, std::size_t n, const SgdParams& p) override {
+    // Locals, so the stores to w cannot alias the parameters (and the loop vectorises).
+    const float lr = p.lr, momentum = p.momentum, weightDecay = p.weightDecay;
+    const bool nesterov = p.nesterov;
+    for (std::size_t i = 0; i < n; ++i) {
+      detail::sgdUpdate(w[i], g[i], velocity[i], lr, momentum, weightDecay, nesterov);
+    }
+  }
+
+  void adamwStep(float* w, const float* g, float* m, float* v, std::size_t n, const AdamWParams& p,
+                 std::int64_t step) override {
+    const detail::AdamWStepFactors f = detail::adamwStepFactors(p, step);
+    for (std::size_t i = 0; i < n; ++i) detail::adamwUpdate(w[i], g[i], m[i], v[i], f);
+  }
+
+  void scale(float* x, std::size_t n, float factor) override {
+    for (std::size_t i = 0; i < n; ++i) x[i] *= factor;
+  }
+  void axpy(float alpha, const float* x, float* y, std::size_t n) override {
+    for (std::size_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+  }
+  void subtract(const float* a, const float* b, float* out, std::size_t n) override {
+    for (std::size_t i = 0; i < n; ++i) out[i] = a[i] - b[i];
+  }
+  void copy(float* dst, const float* src, std::size_t n) override { copyBytes(dst, src, n * sizeof(float)); }
+  void accumulate(float* dst, const float* src, std::size_t n) override {
+    for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
+  }
+
+  void castToBF16(const float* src, std::uint16_t* dst, std::size_t n) override { castF32ToBF16(src, dst, n); }
+  void castFromBF16(const std::uint16_t* src, float* dst, std::size_t n) override { castBF16ToF32(src, dst, n); }
+  void castToF16(const float* src, std::uint16_t* dst, std::size_t n) override { castF32ToF16(src, dst, n); }
+  void castFromF16(const std::uint16_t* src, float* dst, std::size_t n) override { castF16ToF32(src, dst, n); }
+
+ private:
+  std::uint64_t lastTicket_ = 0;
+};
+
+// Per row: max and arg-max (the lowest index wins a tie), then e_c = exp(x_c - max) summed in
+// double; loss = log(sum) - (x_label - max). Every label is checked before anything is
+// written, and each row's logits are read before its dlogits are written, so dlogits may
+// alias logits.
+LossStats CpuBackend::softmaxCrossEntropy(const float* logits, const std::int32_t* labels, int rows, int classes,
+                                          float* dlogits, float gradScale) {
+  detail::checkSoftmaxShape(rows, classes);
+  for (int r = 0; r < rows; ++r) {
+    if (labels[r] < 0 || labels[r] >= classes) detail::throwBadLabel(r, labels[r], classes);
+  }
+  const auto width = static_cast<std::size_t>(classes);
+  LossStats stats;
+  for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r) {
+    const float* x = logits + r * width;
+    const auto label = static_cast<std::size_t>(labels[r]);
+    float maxLogit = x[0];
+    std::size_t argMax = 0;
+    for (std::size_t c = 1; c < width; ++c) {
+      if (x[c] > maxLogit) {
+        maxLogit = x[c];
+        argMax = c;
+      }
+    }
+    const float labelLogit = x[label];
+    double sumExp = 0;
+    if (dlogits == nullptr) {
+      for (std::size_t c = 0; c < width; ++c) sumExp += static_cast<double>(std::exp(x[c] - maxLogit));
+    } else {
+      float* d = dlogits + r * width;
+      for (std::size_t c = 0; c < width; ++c) {
+        d[c] = std::exp(x[c] - maxLogit);  // x[c] is read before d[c] is written
+        sumExp += static_cast<double>(d[c]);
+      }
+      const auto inverseSum = static_cast<float>(1.0 / sumExp);
+      for (std::size_t c = 0; c < width; ++c) d[c] = detail::softmaxGrad(d[c], inverseSum, c == label, gradScale);
+    }
+    stats.lossSum += std::log(sumExp) - (static_cast<double>(labelLogit) - static_cast<double>(maxLogit));
+    stats.correct += argMax == label ? 1 : 0;
+  }
+  return stats;
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> makeCpuBackend(int blasThreads) { return std::make_unique<CpuBackend>(blasThreads); }
+
+}  // namespace meridian::kernels
