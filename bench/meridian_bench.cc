@@ -360,16 +360,7 @@ int main(int argc, char** argv) {
     if (a.ranks > 0) {
       LocalLaunchOptions lo;
       lo.ranks = a.ranks;
-      lo.argv.push_back("/proc/self/exe");
-      for (int i = 1; i < argc; ++i) {
-        std::string arg = argv[i];
-        if (arg == "--ranks" || arg == "-N") {
-          ++i;
-          continue;
-        }
-        if (arg.rfind("--ranks=", 0) == 0) continue;
-        lo.argv.push_back(arg);
-      }
+      lo.argv = relaunchArgv(argc, argv, {"--ranks", "-N"});
       lo.extraEnv.push_back({"MERIDIAN_BENCH_COMMAND", cmd});
       return launchLocalRanks(lo);
     }

@@ -220,6 +220,8 @@ Result<std::unique_ptr<Communicator>> Communicator::createFromEnvironment(const 
   return comm;
 }
 
+Store* Communicator::store() const { return owned_ ? owned_->store.get() : nullptr; }
+
 Communicator::~Communicator() {
   std::deque<Op> abandoned;
   {

@@ -100,6 +100,9 @@ class Communicator {
   Communicator& operator=(const Communicator&) = delete;
 
   int rank() const { return rank_; }
+  // The rendezvous store a createFromEnvironment communicator keeps (more communicators
+  // of the same job can be created through it); null for one made with create().
+  Store* store() const;
   int size() const { return size_; }
   std::uint64_t sessionId() const { return sessionId_; }
   // ok while usable; the reason once broken.

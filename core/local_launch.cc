@@ -190,4 +190,22 @@ int launchLocalRanks(const LocalLaunchOptions& options) {
   return worst;
 }
 
+std::vector<std::string> relaunchArgv(int argc, char** argv, const std::vector<std::string>& drop) {
+  std::vector<std::string> out{"/proc/self/exe"};
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    bool skip = false;
+    for (const std::string& d : drop) {
+      if (arg == d) {
+        ++i;  // and its value
+        skip = true;
+      } else if (arg.rfind(d + "=", 0) == 0) {
+        skip = true;
+      }
+    }
+    if (!skip) out.push_back(arg);
+  }
+  return out;
+}
+
 }  // namespace meridian

@@ -33,6 +33,10 @@ struct LocalLaunchOptions {
 // Returns the worst exit status (0 when every rank succeeded; 128+signal for a signal).
 int launchLocalRanks(const LocalLaunchOptions& options);
 
+// The command line to start this program again as each rank: /proc/self/exe and argv[1..],
+// without the options in `drop` (each taking a value, as "--opt v" or "--opt=v").
+std::vector<std::string> relaunchArgv(int argc, char** argv, const std::vector<std::string>& drop);
+
 // A loopback TCP port that was free a moment ago (bound to 0, then released).
 int pickFreeLoopbackPort();
 

@@ -72,7 +72,8 @@ class Backend {
   // compute work issued so far (CUDA: an event on the compute stream orders it), without
   // blocking the caller or later compute. Returns a ticket for waitStaged.
   virtual std::uint64_t stageToHost(void* hostDst, const void* src, std::size_t bytes) = 0;
-  // Blocks until the copy of `ticket` (and every earlier one) landed in host memory.
+  // Blocks until the copy of `ticket` (and every earlier one) landed in host memory. May be
+  // called from one other thread while the owning thread keeps issuing work.
   virtual void waitStaged(std::uint64_t ticket) = 0;
   // Host to backend memory, ordered before any compute issued after it; the host buffer
   // may be reused when this returns.

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -178,6 +179,7 @@ class CudaBackend final : public Backend {
   // copy landed (waitStaged).
   std::uint64_t stageToHost(void* hostDst, const void* src, std::size_t bytes) override {
     use();
+    std::lock_guard<std::mutex> lock(stagedMu_);
     EventPtr landed = takeEvent();
     if (bytes > 0) {
       MERIDIAN_CUDA_CHECK(cudaEventRecord(computeDone_.get(), compute_.get()));
@@ -190,17 +192,24 @@ class CudaBackend final : public Backend {
   }
 
   // The copy stream runs in order, so the newest copy at or before `ticket` covers the rest.
+  // Called from a thread of its own (the trainer's launcher) while the owner keeps staging:
+  // the bookkeeping is locked, the wait is not.
   void waitStaged(std::uint64_t ticket) override {
-    if (ticket > lastTicket_) {
-      detail::throwInvalid("waitStaged: ticket " + std::to_string(ticket) + " was never issued (last " +
-                           std::to_string(lastTicket_) + ")");
+    cudaEvent_t newest = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(stagedMu_);
+      if (ticket > lastTicket_) {
+        detail::throwInvalid("waitStaged: ticket " + std::to_string(ticket) + " was never issued (last " +
+                             std::to_string(lastTicket_) + ")");
+      }
+      for (const Staged& s : staged_)
+        if (s.ticket <= ticket) newest = s.landed.get();
     }
-    std::size_t covered = 0;
-    while (covered < staged_.size() && staged_[covered].ticket <= ticket) ++covered;
-    if (covered == 0) return;  // already waited for
+    if (newest == nullptr) return;  // already waited for
     use();
-    MERIDIAN_CUDA_CHECK(cudaEventSynchronize(staged_[covered - 1].landed.get()));
-    for (std::size_t i = 0; i < covered; ++i) {
+    MERIDIAN_CUDA_CHECK(cudaEventSynchronize(newest));
+    std::lock_guard<std::mutex> lock(stagedMu_);
+    while (!staged_.empty() && staged_.front().ticket <= ticket) {
       spareEvents_.push_back(std::move(staged_.front().landed));
       staged_.pop_front();
     }
@@ -334,6 +343,7 @@ class CudaBackend final : public Backend {
   EventPtr computeDone_;  // re-recorded on the compute stream by each stageToHost
   cuda::Launch launch_{};
   CublasPtr blas_;
+  std::mutex stagedMu_;  // stageToHost and waitStaged may run on two threads
   std::uint64_t lastTicket_ = 0;
   std::deque<Staged> staged_;  // copies not yet waited for, oldest first
   std::vector<EventPtr> spareEvents_;

@@ -1,0 +1,75 @@
+// meridian-train across two emulated regions (label `lab`): DDP and DiLoCo both reach the
+// accuracy they reach on one host, and the bytes that crossed between the regions are what
+// the sync modes promise: every DDP step moves at least the whole gradient each way across
+// the region cut (and a ring or hierarchical allreduce at most about 1.5x that), DiLoCo about
+// H times less.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/common/lab_session.h"
+#include "tests/trainer/synthetic.h"
+
+namespace meridian::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+using meridian::testing::LabSession;
+
+nlohmann::json runIn(LabSession& session, const std::string& data, const std::string& args, const std::string& json) {
+  fs::remove(json);
+  auto r = session.run(fmt::format("exec-all -- {} --data-dir {} --quiet --json {} {}", MERIDIAN_TRAIN_BIN, data, json,
+                                   args));
+  EXPECT_EQ(r.code, 0) << r.output;
+  std::ifstream f(json);
+  auto j = nlohmann::json::parse(f, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << "no summary; output:\n" << r.output;
+  return j;
+}
+
+TEST(TrainLabTest, DdpAndDilocoAcrossTwoRegions) {
+  if (auto why = meridian::testing::labUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
+  const std::string dir = fs::temp_directory_path() / ("meridian-train-lab-" + std::to_string(::getpid()));
+  fs::create_directories(dir + "/data");
+  ASSERT_TRUE(testing::writeSyntheticFashion(dir + "/data").isOk());
+  LabSession session("mltrain", fmt::format("{}/lab/topologies/two-regions.yaml", MERIDIAN_SOURCE_DIR),
+                     "--time-scale 0.25");
+  auto up = session.up();
+  ASSERT_EQ(up.code, 0) << up.output;
+
+  const std::string model = "--model 784-64-10 --batch 128 --max-steps 60";
+  const double params = 784 * 64 + 64 + 64 * 10 + 10;
+  const double gradientBytes = params * 4;  // f32 on the wire
+  auto ddp = runIn(session, dir + "/data", model + " --sync ddp", dir + "/ddp.json");
+  auto diloco = runIn(session, dir + "/data", model + " --sync diloco -H 10 --lr 0.002", dir + "/diloco.json");
+  fs::remove_all(dir);
+  ASSERT_FALSE(ddp.is_discarded());
+  ASSERT_FALSE(diloco.is_discarded());
+
+  EXPECT_EQ(ddp["ranks"], 4);
+  EXPECT_EQ(ddp["regions"], 2);
+  EXPECT_GT(ddp["test_accuracy"].get<double>(), 0.8);
+  EXPECT_GT(diloco["test_accuracy"].get<double>(), 0.8);
+
+  // Each region has to learn the other's sum: at least the gradient in each direction per
+  // allreduce; the ring (3 gradients across per allreduce on 2+2 ranks) is the most any plan
+  // sends. Probes and link-state rows add a little (allowed: 20% and 1 MB).
+  const double ddpCross = ddp["bytes_cross_region"].get<double>();
+  EXPECT_GE(ddpCross, 2 * gradientBytes * 60) << ddp.dump();
+  EXPECT_LE(ddpCross, 1.2 * 3 * gradientBytes * 60 + 1e6) << ddp.dump();
+  const double dilocoCross = diloco["bytes_cross_region"].get<double>();
+  EXPECT_GE(dilocoCross, 2 * gradientBytes * 6) << diloco.dump();
+  EXPECT_LE(dilocoCross, 1.2 * 3 * gradientBytes * 6 + 1e6) << diloco.dump();
+  EXPECT_GT(ddpCross / dilocoCross, 5.0) << "DiLoCo with H=10 should cross regions about 10x less";
+  EXPECT_EQ(ddp["payload_bytes"].get<double>(), 4 * 60 * gradientBytes);
+  EXPECT_EQ(diloco["payload_bytes"].get<double>(), 4 * 6 * gradientBytes);
+}
+
+}  // namespace
+}  // namespace meridian::trainer

@@ -1,0 +1,151 @@
+// meridian-train as users run it: local ranks it starts itself, a run killed with SIGKILL
+// half-way and resumed (it must end on exactly the weights of an uninterrupted run),
+// hybrid sync over two named regions, and clear errors for bad input.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/common/lab_session.h"
+#include "tests/trainer/synthetic.h"
+#include "trainer/checkpoint.h"
+
+namespace meridian::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+using meridian::testing::runShell;
+
+class TrainProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("meridian-train-proc-" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ + "/data");
+    Status st = testing::writeSyntheticFashion(dir_ + "/data");
+    ASSERT_TRUE(st.isOk()) << st.toString();
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string train(const std::string& args) const {
+    return std::string(MERIDIAN_TRAIN_BIN) + " --data-dir " + dir_ + "/data --quiet " + args;
+  }
+
+  // The final parameters a run left in its newest checkpoint of rank `rank`.
+  std::vector<std::uint8_t> finalParams(const std::string& ckptDir, int rank = 0) const {
+    auto ck = loadLatestCheckpoint(ckptDir + "/rank-" + std::to_string(rank));
+    if (!ck.isOk()) {
+      ADD_FAILURE() << ck.status().toString();
+      return {};
+    }
+    const auto* p = ck->find("params");
+    return p != nullptr ? p->data : std::vector<std::uint8_t>{};
+  }
+
+  std::string dir_;
+};
+
+TEST_F(TrainProcessTest, KilledHalfWayAndResumedEndsOnTheUninterruptedWeights) {
+  const std::string common = "--ranks 2 --model 784-256-256-10 --batch 64 --max-steps 120 --checkpoint-every 10";
+  auto straight = runShell(train(common + " --checkpoint-dir " + dir_ + "/straight"));
+  ASSERT_EQ(straight.code, 0) << straight.output;
+
+  // The same run in its own process group, killed (SIGKILL, every rank at once) once it has
+  // written a checkpoint past step 30.
+  const std::string ckpt = dir_ + "/killed";
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    const std::string cmd = train(common + " --checkpoint-dir " + ckpt) + " >/dev/null 2>&1";
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);
+  bool killed = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto steps = validCheckpointSteps(ckpt + "/rank-1");
+    if (steps.isOk() && !steps->empty() && steps->front() >= 30) {
+      ::kill(-pid, SIGKILL);
+      killed = true;
+      break;
+    }
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) break;  // finished before we could kill it
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (killed) ::waitpid(pid, nullptr, 0);
+  ASSERT_TRUE(killed) << "the run ended before it could be killed";
+  auto newest = validCheckpointSteps(ckpt + "/rank-0");
+  ASSERT_TRUE(newest.isOk());
+  ASSERT_FALSE(newest->empty());
+  ASSERT_LT(newest->front(), 120u) << "killed after the end";
+
+  auto resumed = runShell(train(common + " --checkpoint-dir " + ckpt + " --resume --json " + dir_ + "/resumed.json"));
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  std::ifstream f(dir_ + "/resumed.json");
+  auto j = nlohmann::json::parse(f, nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(j["final_step"], 120);
+  EXPECT_LT(j["steps"].get<int>(), 120) << "it resumed rather than starting over";
+  for (int rank : {0, 1}) {
+    const auto a = finalParams(dir_ + "/straight", rank);
+    const auto b = finalParams(ckpt, rank);
+    ASSERT_FALSE(a.empty());
+    EXPECT_TRUE(a == b) << "rank " << rank << ": the resumed run's weights differ from the uninterrupted run's";
+  }
+}
+
+TEST_F(TrainProcessTest, HybridOverTwoNamedRegions) {
+  const std::string json = dir_ + "/hybrid.json";
+  auto r = runShell(train("--ranks 4 --regions eu,eu,us,us --sync hybrid -H 5 --model 784-32-10 --batch 64 "
+                          "--max-steps 40 --json " + json));
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::ifstream f(json);
+  auto j = nlohmann::json::parse(f, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.output;
+  EXPECT_EQ(j["regions"], 2);
+  EXPECT_GT(j["test_accuracy"].get<double>(), 0.8);
+  // Every step inside the region, every 5 steps across: payload = 4 ranks x (40 + 8) x params.
+  const double params = 784 * 32 + 32 + 32 * 10 + 10;
+  EXPECT_EQ(j["payload_bytes"].get<double>(), 4 * (40 + 8) * params * 4);
+  EXPECT_GT(j["bytes_cross_region"].get<double>(), 0);
+  EXPECT_LT(j["bytes_cross_region"].get<double>(), 0.5 * j["bytes_sent"].get<double>());
+}
+
+TEST_F(TrainProcessTest, BadInputGetsAClearError) {
+  struct Case {
+    std::string args;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {"--sync allgather", "expected ddp, diloco, hybrid or none"},
+      {"--model 784-x-10", "not a width"},
+      {"--wire fp8", "expected f32, bf16 or int8"},
+      {"--device tpu", "expected cpu, cuda or auto"},
+      {"--ranks 2 --regions eu", "names 1 regions for 2 ranks"},
+      {"--ranks 2 --batch 63 --max-steps 1", "multiple of the 2 ranks"},
+      {"--ranks 2 --sync hybrid --max-steps 1", "MERIDIAN_REGION"},
+  };
+  for (const auto& c : cases) {
+    auto r = runShell(train(c.args));
+    EXPECT_NE(r.code, 0) << c.args;
+    EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.args << "\n" << r.output;
+  }
+  auto missing = runShell(std::string(MERIDIAN_TRAIN_BIN) + " --data-dir /nonexistent --max-steps 1");
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_NE(missing.output.find("apt-get install dataset-fashion-mnist"), std::string::npos) << missing.output;
+}
+
+}  // namespace
+}  // namespace meridian::trainer

@@ -1,0 +1,294 @@
+// The training loop on real communicators (ranks as threads over TCP): DDP on 1, 2 and 4
+// ranks ends with the same weights, the wire formats and DiLoCo move the bytes they
+// should, checkpoints resume bit-exactly (also past a corrupt one), and bad configurations
+// are refused. Data: a small synthetic set with Fashion-MNIST's shape (synthetic.h); one
+// smoke test trains on the real Fashion-MNIST.
+#include "trainer/trainer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "tests/common/rank_harness.h"
+#include "tests/trainer/synthetic.h"
+#include "trainer/dataset.h"
+
+namespace meridian::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TrainTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dataDir_ = new std::string(fs::temp_directory_path() / ("meridian-train-test-" + std::to_string(::getpid())));
+    fs::create_directories(*dataDir_);
+    Status st = testing::writeSyntheticFashion(*dataDir_);
+    ASSERT_TRUE(st.isOk()) << st.toString();
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*dataDir_);
+    delete dataDir_;
+  }
+  void TearDown() override {
+    for (const auto& d : scratch_) fs::remove_all(d);
+  }
+
+  std::string scratchDir(const std::string& name) {
+    std::string d = *dataDir_ + "-" + name;
+    fs::remove_all(d);
+    scratch_.push_back(d);
+    return d;
+  }
+
+  static TrainConfig smallConfig() {
+    TrainConfig cfg;
+    cfg.model.widths = {784, 32, 10};
+    cfg.optimizer = OptimizerKind::kSgd;
+    cfg.lr = 0.05f;
+    cfg.momentum = 0.9f;
+    cfg.globalBatch = 64;
+    cfg.maxSteps = 20;
+    cfg.bucketMb = 0.02;  // several buckets, so overlap and ordering are exercised
+    cfg.dataDir = *dataDir_;
+    cfg.quiet = true;
+    cfg.evalEvery = 1000000;
+    return cfg;
+  }
+
+  // One rank, no communicator.
+  static Result<TrainSummary> trainAlone(const TrainConfig& cfg) {
+    auto backend = kernels::makeCpuBackend(1);
+    TrainContext ctx;
+    ctx.backend = backend.get();
+    return train(cfg, ctx);
+  }
+
+  // n ranks as threads; every rank's summary, or the failures.
+  static std::vector<TrainSummary> trainRanks(int n, const TrainConfig& cfg, std::string* failure) {
+    std::vector<TrainSummary> out(static_cast<std::size_t>(n));
+    auto harness = testing::RankHarness::start(n);
+    if (!harness.isOk()) {
+      *failure = harness.status().toString();
+      return out;
+    }
+    auto results = (*harness)->run([&](int rank, collectives::Communicator& comm) -> std::string {
+      auto backend = kernels::makeCpuBackend(1);
+      TrainContext ctx;
+      ctx.backend = backend.get();
+      ctx.comm = &comm;
+      auto r = train(cfg, ctx);
+      if (!r.isOk()) return r.status().toString();
+      out[static_cast<std::size_t>(rank)] = std::move(r).value();
+      return "";
+    });
+    *failure = testing::RankHarness::summarize(results);
+    return out;
+  }
+
+  static std::string* dataDir_;
+  std::vector<std::string> scratch_;
+};
+std::string* TrainTest::dataDir_ = nullptr;
+
+// ||a - b|| / ||a|| and max |a - b| / max |a|.
+void expectClose(const std::vector<float>& a, const std::vector<float>& b, double rel, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  double diff2 = 0, norm2 = 0, maxDiff = 0, maxAbs = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double d = static_cast<double>(a[i]) - static_cast<double>(b[i]);
+    diff2 += d * d;
+    norm2 += static_cast<double>(a[i]) * static_cast<double>(a[i]);
+    maxDiff = std::max(maxDiff, std::fabs(d));
+    maxAbs = std::max(maxAbs, std::fabs(static_cast<double>(a[i])));
+  }
+  EXPECT_LE(std::sqrt(diff2 / norm2), rel) << what;
+  EXPECT_LE(maxDiff / maxAbs, rel) << what;
+}
+
+TEST_F(TrainTest, DdpOnOneTwoAndFourRanksEndsWithTheSameWeights) {
+  const TrainConfig cfg = smallConfig();
+  auto one = trainAlone(cfg);
+  ASSERT_TRUE(one.isOk()) << one.status().toString();
+  EXPECT_EQ(one->finalStep, 20);
+  for (int n : {2, 4}) {
+    std::string failure;
+    auto ranks = trainRanks(n, cfg, &failure);
+    ASSERT_EQ(failure, "");
+    expectClose(one->params, ranks[0].params, 1e-5, "ddp on " + std::to_string(n) + " ranks vs 1");
+    for (int r = 1; r < n; ++r)
+      EXPECT_EQ(ranks[static_cast<std::size_t>(r)].params, ranks[0].params) << "rank " << r << " of " << n;
+    // Every step averaged every parameter once.
+    EXPECT_EQ(ranks[0].payloadBytes, 20u * one->params.size() * sizeof(float));
+  }
+}
+
+TEST_F(TrainTest, WireFormatsAndDilocoCutTheBytes) {
+  TrainConfig ddp = smallConfig();
+  ddp.maxSteps = 40;
+  std::string failure;
+  auto f32 = trainRanks(2, ddp, &failure);
+  ASSERT_EQ(failure, "");
+  ddp.wire = Wire::kBF16;
+  auto bf16 = trainRanks(2, ddp, &failure);
+  ASSERT_EQ(failure, "");
+  EXPECT_EQ(bf16[0].payloadBytes * 2, f32[0].payloadBytes);
+  EXPECT_GT(bf16[0].testAccuracy, 0.8);
+  EXPECT_GT(f32[0].testAccuracy, 0.8);
+
+  TrainConfig diloco = smallConfig();
+  diloco.sync = SyncMode::kDiloco;
+  diloco.lr = 2e-3f;
+  diloco.maxSteps = 40;
+  diloco.innerSteps = 8;
+  for (Wire wire : {Wire::kF32, Wire::kInt8}) {
+    diloco.wire = wire;
+    auto d = trainRanks(2, diloco, &failure);
+    ASSERT_EQ(failure, "") << toString(wire);
+    // 40 steps, a sync every 8: 5 syncs of every parameter.
+    const std::size_t n = f32[0].params.size();
+    const std::size_t perSync = wire == Wire::kF32 ? n * 4 : int8PackedBytes(n);
+    EXPECT_EQ(d[0].payloadBytes, 5 * perSync) << toString(wire);
+    if (wire == Wire::kF32) {
+      EXPECT_EQ(f32[0].payloadBytes, 8 * d[0].payloadBytes);
+    }
+    // The transport carried about that much (plus probes and control traffic).
+    EXPECT_GE(d[0].bytesSent, d[0].payloadBytes / 2) << toString(wire);  // ring: half of it per peer for 2 ranks
+    EXPECT_EQ(d[0].params, d[1].params) << "ranks share the model after the final outer step";
+    EXPECT_GT(d[0].testAccuracy, 0.8) << toString(wire);
+  }
+}
+
+TEST_F(TrainTest, ResumeIsBitExactAlsoPastACorruptCheckpoint) {
+  TrainConfig cfg = smallConfig();
+  cfg.optimizer = OptimizerKind::kAdamW;
+  cfg.lr = 2e-3f;
+  cfg.maxSteps = 30;
+  cfg.checkpointDir = scratchDir("straight");
+  auto straight = trainAlone(cfg);
+  ASSERT_TRUE(straight.isOk()) << straight.status().toString();
+
+  // Stop at 20 (checkpoints at 10 and 20), then resume to 30.
+  cfg.checkpointDir = scratchDir("stopped");
+  cfg.checkpointEvery = 10;
+  cfg.maxSteps = 20;
+  ASSERT_TRUE(trainAlone(cfg).isOk());
+  const std::string copy = scratchDir("stopped-copy");
+  fs::copy(cfg.checkpointDir, copy, fs::copy_options::recursive);
+  cfg.maxSteps = 30;
+  cfg.resume = true;
+  auto resumed = trainAlone(cfg);
+  ASSERT_TRUE(resumed.isOk()) << resumed.status().toString();
+  EXPECT_EQ(resumed->steps, 10);
+  EXPECT_EQ(resumed->params, straight->params) << "resumed run differs from the uninterrupted one";
+
+  // The same with the checkpoint of step 20 corrupted: the resume falls back to step 10
+  // and still lands on the same weights.
+  {
+    std::fstream f(copy + "/rank-0/ckpt-000000000020.mrc", std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good());
+    char c = 0;
+    f.seekg(100);
+    f.get(c);
+    f.seekp(100);
+    f.put(static_cast<char>(c ^ 0x5a));
+  }
+  cfg.checkpointDir = copy;
+  auto fallback = trainAlone(cfg);
+  ASSERT_TRUE(fallback.isOk()) << fallback.status().toString();
+  EXPECT_EQ(fallback->steps, 20) << "resumed from step 10, past the corrupt checkpoint of step 20";
+  EXPECT_EQ(fallback->params, straight->params);
+}
+
+TEST_F(TrainTest, DdpResumeOnTwoRanksIsBitExact) {
+  TrainConfig cfg = smallConfig();
+  cfg.maxSteps = 24;
+  std::string failure;
+  auto straight = trainRanks(2, cfg, &failure);
+  ASSERT_EQ(failure, "");
+  cfg.checkpointDir = scratchDir("ddp2");
+  cfg.maxSteps = 12;
+  trainRanks(2, cfg, &failure);
+  ASSERT_EQ(failure, "");
+  cfg.maxSteps = 24;
+  cfg.resume = true;
+  auto resumed = trainRanks(2, cfg, &failure);
+  ASSERT_EQ(failure, "");
+  EXPECT_EQ(resumed[0].steps, 12);
+  EXPECT_EQ(resumed[0].params, straight[0].params);
+}
+
+TEST_F(TrainTest, ACheckpointOfAnotherRunIsRefused) {
+  TrainConfig cfg = smallConfig();
+  cfg.maxSteps = 5;
+  cfg.checkpointDir = scratchDir("other");
+  ASSERT_TRUE(trainAlone(cfg).isOk());
+  cfg.model.widths = {784, 16, 10};
+  cfg.resume = true;
+  cfg.maxSteps = 10;
+  auto r = trainAlone(cfg);
+  ASSERT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("written by a different run (widths"), std::string::npos) << r.status().message();
+}
+
+TEST_F(TrainTest, BadConfigurationsAreRefusedClearly) {
+  TrainConfig cfg = smallConfig();
+  cfg.globalBatch = 63;
+  std::string failure;
+  trainRanks(2, cfg, &failure);
+  EXPECT_NE(failure.find("multiple of the 2 ranks"), std::string::npos) << failure;
+
+  cfg = smallConfig();
+  cfg.model.widths = {100, 10};
+  auto r = trainAlone(cfg);
+  ASSERT_FALSE(r.isOk());
+  EXPECT_NE(r.status().message().find("784 inputs"), std::string::npos) << r.status().message();
+
+  cfg = smallConfig();
+  cfg.dataDir = "/nonexistent/fashion";
+  r = trainAlone(cfg);
+  ASSERT_FALSE(r.isOk());
+  EXPECT_NE(r.status().message().find("dataset-fashion-mnist"), std::string::npos) << r.status().message();
+
+  cfg = smallConfig();
+  cfg.sync = SyncMode::kDdp;
+  cfg.wire = Wire::kInt8;
+  r = trainAlone(cfg);
+  ASSERT_FALSE(r.isOk());
+  EXPECT_NE(r.status().message().find("int8"), std::string::npos);
+
+  cfg = smallConfig();
+  cfg.resume = true;
+  r = trainAlone(cfg);
+  ASSERT_FALSE(r.isOk());
+  EXPECT_NE(r.status().message().find("--resume needs --checkpoint-dir"), std::string::npos);
+}
+
+// The smoke test on the real data set: a short CPU run is far above chance (10%).
+TEST_F(TrainTest, RealFashionMnistTrainsWellAboveChance) {
+  if (!fs::exists(std::string(kFashionMnistDir) + "/train-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)";
+  TrainConfig cfg;
+  cfg.model.widths = {784, 128, 10};
+  cfg.lr = 2e-3f;
+  cfg.globalBatch = 128;
+  cfg.maxSteps = 150;
+  cfg.quiet = true;
+  cfg.evalEvery = 1000000;
+  std::string failure;
+  auto ranks = trainRanks(2, cfg, &failure);
+  ASSERT_EQ(failure, "");
+  EXPECT_GT(ranks[0].testAccuracy, 0.75);
+  EXPECT_LT(ranks[0].testLoss, 0.8);
+}
+
+}  // namespace
+}  // namespace meridian::trainer

@@ -1,0 +1,598 @@
+#include "trainer/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <tuple>
+#include <utility>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/log.h"
+#include "core/metrics.h"
+#include "trainer/checkpoint.h"
+#include "trainer/dataset.h"
+
+namespace meridian::trainer {
+namespace {
+
+using collectives::Communicator;
+using Clock = std::chrono::steady_clock;
+
+double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Fashion-MNIST's pixel mean and standard deviation (training set, pixels scaled to [0, 1]).
+constexpr float kPixelMean = 0.2860f;
+constexpr float kPixelStd = 0.3530f;
+
+// One communicator the trainer uses, with the world rank of each of its members (to tell
+// which peers are in another region when counting bytes).
+struct CommUse {
+  Communicator* comm = nullptr;
+  std::vector<int> worldRanks;
+};
+
+struct Metrics {
+  Gauge& loss;
+  Gauge& trainAccuracy;
+  Gauge& testAccuracy;
+  Gauge& samplesPerSec;
+  Counter& steps;
+  Counter& payloadBytes;
+  Histogram& compute;
+  Histogram& exposed;
+
+  Metrics(int rank, SyncMode mode)
+      : loss(reg().gauge("meridian_trainer_loss", "Mean training loss over the last logging interval", labels(rank, mode))),
+        trainAccuracy(reg().gauge("meridian_trainer_train_accuracy_ratio",
+                                  "Training-batch accuracy over the last logging interval", labels(rank, mode))),
+        testAccuracy(reg().gauge("meridian_trainer_test_accuracy_ratio", "Test-set accuracy at the last evaluation",
+                                 labels(rank, mode))),
+        samplesPerSec(reg().gauge("meridian_trainer_samples_per_second",
+                                  "Global training samples per second over the last logging interval", labels(rank, mode))),
+        steps(reg().counter("meridian_trainer_steps_total", "Optimizer steps taken", labels(rank, mode))),
+        payloadBytes(reg().counter("meridian_trainer_sync_payload_bytes_total",
+                                   "Gradient and pseudo-gradient bytes this rank handed to collectives",
+                                   labels(rank, mode))),
+        compute(reg().histogram("meridian_trainer_step_compute_seconds", "Forward, backward and optimizer time per step",
+                                labels(rank, mode), exponentialBuckets(0.001, 2, 16))),
+        exposed(reg().histogram("meridian_trainer_step_exposed_comm_seconds",
+                                "Time per step spent waiting for communication after compute", labels(rank, mode),
+                                exponentialBuckets(0.0001, 2, 20))) {}
+
+  static MetricsRegistry& reg() { return MetricsRegistry::global(); }
+  static MetricLabels labels(int rank, SyncMode mode) {
+    return {{"rank", std::to_string(rank)}, {"sync", std::string(toString(mode))}};
+  }
+};
+
+// The optimizer of the local (inner) steps.
+class Optimizer {
+ public:
+  Optimizer(kernels::Backend& backend, OptimizerKind kind, std::size_t n, const TrainConfig& cfg)
+      : backend_(backend), kind_(kind), n_(n) {
+    sgd_.lr = cfg.lr;
+    sgd_.momentum = cfg.momentum;
+    sgd_.weightDecay = cfg.weightDecay;
+    adam_.lr = cfg.lr;
+    adam_.weightDecay = cfg.weightDecay;
+    first_ = static_cast<float*>(backend_.alloc(n * sizeof(float)));
+    if (kind_ == OptimizerKind::kAdamW) second_ = static_cast<float*>(backend_.alloc(n * sizeof(float)));
+  }
+  ~Optimizer() {
+    backend_.free(second_);
+    backend_.free(first_);
+  }
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  void step(float* w, const float* g) {
+    ++steps_;
+    if (kind_ == OptimizerKind::kSgd) backend_.sgdStep(w, g, first_, n_, sgd_);
+    else backend_.adamwStep(w, g, first_, second_, n_, adam_, steps_);
+  }
+  OptimizerKind kind() const { return kind_; }
+  float* first() { return first_; }
+  float* second() { return second_; }
+  std::int64_t steps() const { return steps_; }
+  void setSteps(std::int64_t s) { steps_ = s; }
+
+ private:
+  kernels::Backend& backend_;
+  OptimizerKind kind_;
+  std::size_t n_;
+  kernels::SgdParams sgd_;
+  kernels::AdamWParams adam_;
+  float* first_ = nullptr;   // SGD velocity / AdamW first moment
+  float* second_ = nullptr;  // AdamW second moment
+  std::int64_t steps_ = 0;
+};
+
+std::vector<std::uint8_t> bytesOf(kernels::Backend& backend, const float* p, std::size_t n) {
+  std::vector<std::uint8_t> out(n * sizeof(float));
+  backend.copyToHost(out.data(), p, out.size());
+  return out;
+}
+
+Status restoreFloats(kernels::Backend& backend, const Checkpoint& ck, const char* name, float* dst, std::size_t n) {
+  const CheckpointSection* s = ck.find(name);
+  if (s == nullptr || s->data.size() != n * sizeof(float))
+    return invalidArgument("{}: section '{}' is missing or has {} bytes (want {})", ck.path, name,
+                           s == nullptr ? 0 : s->data.size(), n * sizeof(float));
+  backend.copyToDevice(dst, s->data.data(), s->data.size());
+  return Status();
+}
+
+// What must match between a checkpoint and the run resuming from it.
+nlohmann::json identity(const TrainConfig& cfg, int rank, int world) {
+  return {{"widths", cfg.model.widths},
+          {"activation", cfg.model.activation == kernels::Activation::kRelu ? "relu" : "gelu"},
+          {"sync", toString(cfg.sync)},
+          {"optimizer", cfg.optimizer == OptimizerKind::kSgd ? "sgd" : "adamw"},
+          {"global_batch", cfg.globalBatch},
+          {"world", world},
+          {"rank", rank},
+          {"seed", cfg.seed},
+          {"inner_steps", cfg.innerSteps}};
+}
+
+class Run {
+ public:
+  Run(const TrainConfig& cfg, const TrainContext& ctx) : cfg_(cfg), ctx_(ctx), backend_(*ctx.backend) {
+    rank_ = ctx.comm != nullptr ? ctx.comm->rank() : 0;
+    world_ = ctx.comm != nullptr ? ctx.comm->size() : 1;
+  }
+  Result<TrainSummary> go();
+
+ private:
+  Status validate() const;
+  Status setUpSync();
+  // Normalised images and labels of `indices` into `model`'s input (rows <= hostRows_).
+  void fillBatch(Mlp& model, const Dataset& data, const std::uint32_t* indices, int rows);
+  Status evaluate(double* accuracy, double* loss);
+  // Seconds one rank alone takes for a step of the whole global batch (forward, backward,
+  // optimizer; the best of three on a scratch model), the baseline of the speedup figure.
+  double oneRankStepSec(const std::vector<std::uint32_t>& order);
+  Status saveCheckpoint(std::int64_t step);
+  Result<std::int64_t> resumeStep();
+  Status loadCheckpoint(std::int64_t step);
+  // This rank's transport bytes to every peer, and to peers in other regions.
+  std::pair<std::uint64_t, std::uint64_t> transportBytes() const;
+  bool innerOnly() const { return cfg_.sync == SyncMode::kDiloco || cfg_.sync == SyncMode::kNone; }
+  int localBatch() const { return cfg_.globalBatch / world_; }
+  void log(const std::string& line) const {
+    if (rank_ == 0 && !cfg_.quiet) fmt::print("{}\n", line), std::fflush(stdout);
+  }
+
+  const TrainConfig& cfg_;
+  const TrainContext& ctx_;
+  kernels::Backend& backend_;
+  int rank_ = 0;
+  int world_ = 1;
+  Dataset train_, test_;
+  std::unique_ptr<Mlp> model_;
+  std::unique_ptr<Optimizer> opt_;
+  std::unique_ptr<Communicator> regionComm_, crossComm_;
+  std::unique_ptr<GradientSync> gradSync_;
+  std::unique_ptr<OuterSync> outerSync_;
+  std::vector<CommUse> comms_;
+  std::vector<int> regionOf_;  // per world rank; empty when unknown
+  std::vector<float> hostInput_;
+  std::vector<std::int32_t> hostLabels_;
+};
+
+Status Run::validate() const {
+  if (cfg_.globalBatch < 1 || cfg_.globalBatch % world_ != 0)
+    return invalidArgument("--batch {} must be a positive multiple of the {} ranks", cfg_.globalBatch, world_);
+  if (cfg_.innerSteps < 1) return invalidArgument("--inner-steps must be at least 1 (got {})", cfg_.innerSteps);
+  if (cfg_.epochs < 1 && cfg_.maxSteps < 1) return invalidArgument("need --epochs >= 1 or --max-steps >= 1");
+  if (cfg_.bucketMb <= 0) return invalidArgument("--bucket-mb must be positive (got {})", cfg_.bucketMb);
+  if ((cfg_.sync == SyncMode::kDdp || cfg_.sync == SyncMode::kHybrid) && cfg_.wire == Wire::kInt8)
+    return invalidArgument("--wire int8 is for the DiLoCo outer step; ddp and hybrid gradients take f32 or bf16");
+  if (!(cfg_.lr > 0)) return invalidArgument("--lr must be positive (got {})", cfg_.lr);
+  return Status();
+}
+
+Status Run::setUpSync() {
+  Communicator* world = ctx_.comm;
+  if (world != nullptr) {
+    std::vector<int> all(static_cast<std::size_t>(world_));
+    for (int r = 0; r < world_; ++r) all[static_cast<std::size_t>(r)] = r;
+    comms_.push_back(CommUse{world, all});
+    const routing::RegionAssignment regions = world->regions();
+    if (regions.regionOf.size() == static_cast<std::size_t>(world_)) regionOf_ = regions.regionOf;
+  }
+  const std::size_t bucketBytes = static_cast<std::size_t>(cfg_.bucketMb * 1024 * 1024);
+  switch (cfg_.sync) {
+    case SyncMode::kNone: return Status();
+    case SyncMode::kDdp:
+      gradSync_ = std::make_unique<GradientSync>(backend_, world, *model_, bucketBytes, cfg_.wire);
+      return Status();
+    case SyncMode::kDiloco:
+      outerSync_ = std::make_unique<OuterSync>(backend_, world, *model_, cfg_.outer, cfg_.wire);
+      return Status();
+    case SyncMode::kHybrid: break;
+  }
+  // Hybrid: one communicator per region (every step) and one per local index across regions.
+  if (world == nullptr || regionOf_.empty()) {
+    if (world != nullptr) return invalidArgument("--sync hybrid needs regions: set MERIDIAN_REGION on every rank");
+    gradSync_ = std::make_unique<GradientSync>(backend_, nullptr, *model_, bucketBytes, cfg_.wire);
+    outerSync_ = std::make_unique<OuterSync>(backend_, nullptr, *model_, cfg_.outer, Wire::kF32);
+    return Status();
+  }
+  if (ctx_.store == nullptr) return invalidArgument("--sync hybrid needs the rendezvous store");
+  const int myRegion = regionOf_[static_cast<std::size_t>(rank_)];
+  const int regionCount = *std::max_element(regionOf_.begin(), regionOf_.end()) + 1;
+  if (regionCount < 2)
+    return invalidArgument("--sync hybrid needs ranks in at least two regions, and all {} ranks are in one: set "
+                           "MERIDIAN_REGION on every rank (meridian-lab does; meridian-train --ranks takes --regions)",
+                           world_);
+  std::vector<std::vector<int>> members(static_cast<std::size_t>(regionCount));
+  for (int r = 0; r < world_; ++r) members[static_cast<std::size_t>(regionOf_[static_cast<std::size_t>(r)])].push_back(r);
+  for (const auto& m : members)
+    if (m.size() != members.front().size())
+      return invalidArgument("--sync hybrid needs regions of equal size (region sizes differ: {} vs {})", m.size(),
+                             members.front().size());
+  const auto& mine = members[static_cast<std::size_t>(myRegion)];
+  const int localIndex = static_cast<int>(std::find(mine.begin(), mine.end(), rank_) - mine.begin());
+  collectives::CommOptions opts = ctx_.commOptions;
+  opts.storePrefix = fmt::format("meridian/train/region{}", myRegion);
+  MERIDIAN_ASSIGN_OR_RETURN(regionComm_, Communicator::create(*ctx_.store, localIndex, static_cast<int>(mine.size()), opts));
+  comms_.push_back(CommUse{regionComm_.get(), mine});
+  opts.storePrefix = fmt::format("meridian/train/cross{}", localIndex);
+  std::vector<int> cross;
+  for (const auto& m : members) cross.push_back(m[static_cast<std::size_t>(localIndex)]);
+  MERIDIAN_ASSIGN_OR_RETURN(crossComm_, Communicator::create(*ctx_.store, myRegion, regionCount, opts));
+  comms_.push_back(CommUse{crossComm_.get(), cross});
+  gradSync_ = std::make_unique<GradientSync>(backend_, regionComm_->size() > 1 ? regionComm_.get() : nullptr,
+                                             *model_, bucketBytes, cfg_.wire);
+  outerSync_ = std::make_unique<OuterSync>(backend_, crossComm_->size() > 1 ? crossComm_.get() : nullptr, *model_,
+                                           cfg_.outer, cfg_.wire);
+  log(fmt::format("hybrid: {} regions of {} ranks; gradients averaged in the region every step, models across "
+                  "regions every {} steps",
+                  regionCount, mine.size(), cfg_.innerSteps));
+  return Status();
+}
+
+void Run::fillBatch(Mlp& model, const Dataset& data, const std::uint32_t* indices, int rows) {
+  const std::size_t f = data.features();
+  for (int i = 0; i < rows; ++i) {
+    const std::size_t idx = indices[i];
+    const std::uint8_t* px = data.images.data() + idx * f;
+    float* out = hostInput_.data() + static_cast<std::size_t>(i) * f;
+    for (std::size_t j = 0; j < f; ++j) out[j] = (static_cast<float>(px[j]) * (1.0f / 255.0f) - kPixelMean) / kPixelStd;
+    hostLabels_[static_cast<std::size_t>(i)] = data.labels[idx];
+  }
+  backend_.stageToDevice(model.input(), hostInput_.data(), static_cast<std::size_t>(rows) * f * sizeof(float));
+  backend_.stageToDevice(model.labels(), hostLabels_.data(), static_cast<std::size_t>(rows) * sizeof(std::int32_t));
+}
+
+Status Run::evaluate(double* accuracy, double* loss) {
+  // Each rank scores its slice of the test set; the sums are added up over the world.
+  const std::size_t lo = test_.count * static_cast<std::size_t>(rank_) / static_cast<std::size_t>(world_);
+  const std::size_t hi = test_.count * static_cast<std::size_t>(rank_ + 1) / static_cast<std::size_t>(world_);
+  std::vector<std::uint32_t> idx(static_cast<std::size_t>(model_->maxBatch()));
+  double sums[3] = {0, 0, static_cast<double>(hi - lo)};
+  for (std::size_t pos = lo; pos < hi;) {
+    const int rows = static_cast<int>(std::min<std::size_t>(hi - pos, idx.size()));
+    for (int i = 0; i < rows; ++i) idx[static_cast<std::size_t>(i)] = static_cast<std::uint32_t>(pos) + static_cast<std::uint32_t>(i);
+    fillBatch(*model_, test_, idx.data(), rows);
+    const kernels::LossStats s = model_->forward(rows);
+    sums[0] += s.lossSum;
+    sums[1] += static_cast<double>(s.correct);
+    pos += static_cast<std::size_t>(rows);
+  }
+  if (ctx_.comm != nullptr)
+    MERIDIAN_RETURN_IF_ERROR(ctx_.comm->allreduce(sums, sums, 3, kernels::DataType::kF64, kernels::ReduceOp::kSum));
+  *accuracy = sums[2] > 0 ? sums[1] / sums[2] : 0;
+  *loss = sums[2] > 0 ? sums[0] / sums[2] : 0;
+  return Status();
+}
+
+double Run::oneRankStepSec(const std::vector<std::uint32_t>& order) {
+  Mlp scratch(backend_, cfg_.model, cfg_.globalBatch, cfg_.seed);
+  Optimizer opt(backend_, opt_->kind(), scratch.paramCount(), cfg_);
+  fillBatch(scratch, train_, order.data(), cfg_.globalBatch);
+  double best = 1e30;
+  for (int i = 0; i < 4; ++i) {
+    const auto t = Clock::now();
+    scratch.forwardBackward(cfg_.globalBatch, 1.0f, nullptr);
+    opt.step(scratch.params(), scratch.grads());
+    backend_.synchronize();
+    if (i > 0) best = std::min(best, secondsSince(t));  // the first one warms the caches
+  }
+  return best;
+}
+
+std::string rankDir(const std::string& base, int rank) { return fmt::format("{}/rank-{}", base, rank); }
+
+Status Run::saveCheckpoint(std::int64_t step) {
+  const std::size_t n = model_->paramCount();
+  nlohmann::json meta = identity(cfg_, rank_, world_);
+  meta["step"] = step;
+  meta["optimizer_steps"] = opt_->steps();
+  std::vector<CheckpointSection> sections;
+  const std::string metaText = meta.dump();
+  sections.push_back({"meta", std::vector<std::uint8_t>(metaText.begin(), metaText.end())});
+  sections.push_back({"params", bytesOf(backend_, model_->params(), n)});
+  sections.push_back({"opt.first", bytesOf(backend_, opt_->first(), n)});
+  if (opt_->second() != nullptr) sections.push_back({"opt.second", bytesOf(backend_, opt_->second(), n)});
+  if (outerSync_) {
+    sections.push_back({"outer.anchor", bytesOf(backend_, outerSync_->anchor(), n)});
+    sections.push_back({"outer.velocity", bytesOf(backend_, outerSync_->velocity(), n)});
+  }
+  return writeCheckpoint(rankDir(cfg_.checkpointDir, rank_), static_cast<std::uint64_t>(step), sections, 2);
+}
+
+// The newest step every rank holds a valid checkpoint of (-1: none). Ranks agree by taking
+// the minimum of their newest steps until all of them hold it.
+Result<std::int64_t> Run::resumeStep() {
+  MERIDIAN_ASSIGN_OR_RETURN(std::vector<std::uint64_t> steps, validCheckpointSteps(rankDir(cfg_.checkpointDir, rank_)));
+  std::int64_t bound = INT64_MAX;
+  for (int round = 0; round < 64; ++round) {
+    std::int64_t mine = -1;
+    for (std::uint64_t s : steps)
+      if (static_cast<std::int64_t>(s) <= bound) mine = std::max(mine, static_cast<std::int64_t>(s));
+    std::int64_t agreed = mine;
+    if (ctx_.comm != nullptr)
+      MERIDIAN_RETURN_IF_ERROR(ctx_.comm->allreduce(&agreed, &agreed, 1, kernels::DataType::kI64, kernels::ReduceOp::kMin));
+    if (agreed < 0) return std::int64_t{-1};
+    std::int64_t have = std::find(steps.begin(), steps.end(), static_cast<std::uint64_t>(agreed)) != steps.end() ? 1 : 0;
+    if (ctx_.comm != nullptr)
+      MERIDIAN_RETURN_IF_ERROR(ctx_.comm->allreduce(&have, &have, 1, kernels::DataType::kI64, kernels::ReduceOp::kMin));
+    if (have == 1) return agreed;
+    bound = agreed - 1;
+  }
+  return invalidArgument("ranks could not agree on a checkpoint to resume from in {}", cfg_.checkpointDir);
+}
+
+Status Run::loadCheckpoint(std::int64_t step) {
+  MERIDIAN_ASSIGN_OR_RETURN(Checkpoint ck,
+                            loadLatestCheckpoint(rankDir(cfg_.checkpointDir, rank_), static_cast<std::uint64_t>(step)));
+  if (static_cast<std::int64_t>(ck.step) != step)
+    return invalidArgument("{}: expected the checkpoint of step {}, found step {}", ck.path, step, ck.step);
+  const CheckpointSection* metaSec = ck.find("meta");
+  if (metaSec == nullptr) return invalidArgument("{}: no meta section", ck.path);
+  nlohmann::json meta = nlohmann::json::parse(metaSec->data.begin(), metaSec->data.end(), nullptr, false);
+  if (meta.is_discarded() || !meta.is_object()) return invalidArgument("{}: meta section is not JSON", ck.path);
+  const nlohmann::json want = identity(cfg_, rank_, world_);
+  for (const auto& [key, value] : want.items()) {
+    if (!meta.contains(key) || meta[key] != value)
+      return invalidArgument("{}: written by a different run ({} was {}, this run has {}); use another "
+                             "--checkpoint-dir or drop --resume",
+                             ck.path, key, meta.contains(key) ? meta[key].dump() : "missing", value.dump());
+  }
+  const std::size_t n = model_->paramCount();
+  MERIDIAN_RETURN_IF_ERROR(restoreFloats(backend_, ck, "params", model_->params(), n));
+  MERIDIAN_RETURN_IF_ERROR(restoreFloats(backend_, ck, "opt.first", opt_->first(), n));
+  if (opt_->second() != nullptr) MERIDIAN_RETURN_IF_ERROR(restoreFloats(backend_, ck, "opt.second", opt_->second(), n));
+  if (outerSync_) {
+    MERIDIAN_RETURN_IF_ERROR(restoreFloats(backend_, ck, "outer.anchor", outerSync_->anchor(), n));
+    MERIDIAN_RETURN_IF_ERROR(restoreFloats(backend_, ck, "outer.velocity", outerSync_->velocity(), n));
+  }
+  opt_->setSteps(meta.value("optimizer_steps", std::int64_t{0}));
+  return Status();
+}
+
+std::pair<std::uint64_t, std::uint64_t> Run::transportBytes() const {
+  std::uint64_t all = 0, cross = 0;
+  for (const CommUse& use : comms_) {
+    for (int peer = 0; peer < use.comm->size(); ++peer) {
+      if (peer == use.comm->rank()) continue;
+      std::uint64_t sent = 0;
+      for (const auto& p : use.comm->peerPathStats(peer)) sent += p.bytesSent;
+      all += sent;
+      const int worldPeer = use.worldRanks[static_cast<std::size_t>(peer)];
+      if (!regionOf_.empty() &&
+          regionOf_[static_cast<std::size_t>(worldPeer)] != regionOf_[static_cast<std::size_t>(rank_)])
+        cross += sent;
+    }
+  }
+  return {all, cross};
+}
+
+Result<TrainSummary> Run::go() {
+  MERIDIAN_RETURN_IF_ERROR(validate());
+  const std::string dir = cfg_.dataDir.empty() ? kFashionMnistDir : cfg_.dataDir;
+  MERIDIAN_ASSIGN_OR_RETURN(train_, loadFashionMnist(dir, true));
+  MERIDIAN_ASSIGN_OR_RETURN(test_, loadFashionMnist(dir, false));
+  if (static_cast<std::size_t>(cfg_.model.widths.front()) != train_.features() ||
+      cfg_.model.widths.back() != train_.classes)
+    return invalidArgument("model {} does not fit the data: {} inputs and {} classes wanted",
+                           formatWidths(cfg_.model.widths), train_.features(), train_.classes);
+  const std::int64_t stepsPerEpoch = static_cast<std::int64_t>(train_.count) / cfg_.globalBatch;
+  if (stepsPerEpoch < 1) return invalidArgument("--batch {} is larger than the {} training examples", cfg_.globalBatch, train_.count);
+  const std::int64_t totalSteps = cfg_.maxSteps > 0 ? cfg_.maxSteps : stepsPerEpoch * cfg_.epochs;
+
+  const int b = localBatch();
+  model_ = std::make_unique<Mlp>(backend_, cfg_.model, std::max(b, 500), cfg_.seed);
+  const auto hostRows = static_cast<std::size_t>(std::max(model_->maxBatch(), cfg_.globalBatch));
+  hostInput_.resize(hostRows * train_.features());
+  hostLabels_.resize(hostRows);
+  const OptimizerKind kind = cfg_.sync == SyncMode::kDiloco ? OptimizerKind::kAdamW : cfg_.optimizer;
+  opt_ = std::make_unique<Optimizer>(backend_, kind, model_->paramCount(), cfg_);
+  MERIDIAN_RETURN_IF_ERROR(setUpSync());
+  Metrics metrics(rank_, cfg_.sync);
+
+  std::int64_t step = 0;
+  if (cfg_.resume) {
+    if (cfg_.checkpointDir.empty()) return invalidArgument("--resume needs --checkpoint-dir");
+    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t from, resumeStep());
+    if (from < 0) {
+      log(fmt::format("resume: no checkpoint in {}, starting from step 0", cfg_.checkpointDir));
+    } else {
+      MERIDIAN_RETURN_IF_ERROR(loadCheckpoint(from));
+      step = from;
+      log(fmt::format("resume: continuing from the checkpoint of step {}", from));
+    }
+  }
+  log(fmt::format("meridian-train: {} ranks, sync {}, model {} ({:.2f} M parameters), batch {} ({} per rank), "
+                  "{} steps ({} per epoch), {} on the wire, backend {}",
+                  world_, toString(cfg_.sync), formatWidths(cfg_.model.widths),
+                  static_cast<double>(model_->paramCount()) / 1e6, cfg_.globalBatch, b, totalSteps, stepsPerEpoch,
+                  toString(cfg_.wire), backend_.describe()));
+
+  TrainSummary sum;
+  // The one-rank baseline: rank 0 alone on the machine while the others wait.
+  {
+    const std::vector<std::uint32_t> first = epochPermutation(train_.count, cfg_.seed, 0);
+    if (ctx_.comm != nullptr) MERIDIAN_RETURN_IF_ERROR(ctx_.comm->barrier());
+    if (rank_ == 0) sum.oneRankSamplesPerSec = cfg_.globalBatch / oneRankStepSec(first);
+    if (ctx_.comm != nullptr) MERIDIAN_RETURN_IF_ERROR(ctx_.comm->barrier());
+  }
+  const std::int64_t firstStep = step;
+  std::int64_t cachedEpoch = -1;
+  std::vector<std::uint32_t> order;
+  double intervalLoss = 0, intervalCorrect = 0, intervalRows = 0, intervalCompute = 0, intervalComm = 0;
+  std::int64_t intervalSteps = 0;
+  auto intervalStart = Clock::now();
+  const auto start = Clock::now();
+  std::uint64_t payload = 0;
+  const int evalEvery = cfg_.evalEvery > 0 ? cfg_.evalEvery : static_cast<int>(stepsPerEpoch);
+
+  while (step < totalSteps) {
+    const std::int64_t epoch = step / stepsPerEpoch;
+    if (epoch != cachedEpoch) {
+      order = epochPermutation(train_.count, cfg_.seed, static_cast<std::uint64_t>(epoch));
+      cachedEpoch = epoch;
+    }
+    const auto t0 = Clock::now();
+    const std::size_t at = static_cast<std::size_t>(step % stepsPerEpoch) * static_cast<std::size_t>(cfg_.globalBatch) +
+                           static_cast<std::size_t>(rank_) * static_cast<std::size_t>(b);
+    fillBatch(*model_, train_, order.data() + at, b);
+    kernels::LossStats stats;
+    if (gradSync_) {
+      stats = model_->forwardBackward(b, 1.0f, [&](int layer) { gradSync_->onLayerDone(layer); });
+    } else {
+      stats = model_->forwardBackward(b, 1.0f, nullptr);
+    }
+    double compute = secondsSince(t0);
+    double comm = 0;
+    if (gradSync_) {
+      const auto tw = Clock::now();
+      MERIDIAN_RETURN_IF_ERROR(gradSync_->finish());
+      comm += secondsSince(tw);
+      payload += gradSync_->payloadBytesPerStep();
+    }
+    const auto to = Clock::now();
+    opt_->step(model_->params(), model_->grads());
+    compute += secondsSince(to);
+    ++step;
+    if (outerSync_ && (step % cfg_.innerSteps == 0 || step == totalSteps)) {
+      const auto ts = Clock::now();
+      MERIDIAN_RETURN_IF_ERROR(outerSync_->sync());
+      comm += secondsSince(ts);
+      payload += outerSync_->payloadBytesPerSync();
+    }
+    sum.computeSec += compute;
+    sum.exposedCommSec += comm;
+    metrics.steps.add();
+    metrics.compute.observe(compute);
+    metrics.exposed.observe(comm);
+    intervalLoss += stats.lossSum;
+    intervalCorrect += static_cast<double>(stats.correct);
+    intervalRows += b;
+    intervalCompute += compute;
+    intervalComm += comm;
+    ++intervalSteps;
+
+    if (step % cfg_.logEvery == 0 || step == totalSteps) {
+      const double secs = secondsSince(intervalStart);
+      const double sps = static_cast<double>(intervalSteps) * cfg_.globalBatch / std::max(secs, 1e-9);
+      sum.trainLoss = intervalLoss / intervalRows;
+      metrics.loss.set(sum.trainLoss);
+      metrics.trainAccuracy.set(intervalCorrect / intervalRows);
+      metrics.samplesPerSec.set(sps);
+      const double stepMs = 1e3 * secs / static_cast<double>(intervalSteps);
+      const double computeMs = 1e3 * intervalCompute / static_cast<double>(intervalSteps);
+      const double commMs = 1e3 * intervalComm / static_cast<double>(intervalSteps);
+      log(fmt::format("step {:>6}/{} | epoch {} | loss {:.4f} | train acc {:5.1f}% | {:8.0f} samples/s | step {:.1f} ms: "
+                      "compute {:.1f}, exposed comm {:.1f} ({:.0f}%)",
+                      step, totalSteps, step / stepsPerEpoch + (step % stepsPerEpoch ? 1 : 0), sum.trainLoss,
+                      100 * intervalCorrect / intervalRows, sps, stepMs, computeMs, commMs,
+                      100 * commMs / std::max(stepMs, 1e-9)));
+      intervalLoss = intervalCorrect = intervalRows = intervalCompute = intervalComm = 0;
+      intervalSteps = 0;
+      intervalStart = Clock::now();
+    }
+    if (step % evalEvery == 0 && step != totalSteps) {
+      double acc = 0, loss = 0;
+      MERIDIAN_RETURN_IF_ERROR(evaluate(&acc, &loss));
+      metrics.testAccuracy.set(acc);
+      log(fmt::format("eval  step {} | test accuracy {:.2f}% | test loss {:.4f} | {:.1f} s", step, 100 * acc, loss,
+                      secondsSince(start)));
+      if (cfg_.targetAccuracy > 0 && sum.timeToTargetSec < 0 && acc >= cfg_.targetAccuracy)
+        sum.timeToTargetSec = secondsSince(start);
+    }
+    if (!cfg_.checkpointDir.empty() && cfg_.checkpointEvery > 0 && step % cfg_.checkpointEvery == 0 && step != totalSteps)
+      MERIDIAN_RETURN_IF_ERROR(saveCheckpoint(step));
+  }
+  backend_.synchronize();
+  sum.wallSec = secondsSince(start);
+  sum.steps = step - firstStep;
+  sum.finalStep = step;
+  sum.samplesPerSec = static_cast<double>(sum.steps) * cfg_.globalBatch / std::max(sum.wallSec, 1e-9);
+  MERIDIAN_RETURN_IF_ERROR(evaluate(&sum.testAccuracy, &sum.testLoss));
+  metrics.testAccuracy.set(sum.testAccuracy);
+  if (cfg_.targetAccuracy > 0 && sum.timeToTargetSec < 0 && sum.testAccuracy >= cfg_.targetAccuracy)
+    sum.timeToTargetSec = sum.wallSec;
+  if (!cfg_.checkpointDir.empty() && sum.steps > 0) MERIDIAN_RETURN_IF_ERROR(saveCheckpoint(step));
+  std::tie(sum.bytesSent, sum.bytesCrossRegion) = transportBytes();
+  sum.payloadBytes = payload;
+  metrics.payloadBytes.add(payload);
+  std::uint64_t totals[3] = {sum.bytesSent, sum.bytesCrossRegion, sum.payloadBytes};
+  if (ctx_.comm != nullptr)
+    MERIDIAN_RETURN_IF_ERROR(ctx_.comm->allreduce(totals, totals, 3, kernels::DataType::kI64, kernels::ReduceOp::kSum));
+  sum.worldBytesSent = totals[0];
+  sum.worldBytesCrossRegion = totals[1];
+  sum.worldPayloadBytes = totals[2];
+  sum.worldSize = world_;
+  sum.regionCount = regionOf_.empty() ? 0 : *std::max_element(regionOf_.begin(), regionOf_.end()) + 1;
+  sum.params.resize(model_->paramCount());
+  backend_.copyToHost(sum.params.data(), model_->params(), sum.params.size() * sizeof(float));
+  return sum;
+}
+
+}  // namespace
+
+std::string_view toString(SyncMode mode) {
+  switch (mode) {
+    case SyncMode::kDdp: return "ddp";
+    case SyncMode::kDiloco: return "diloco";
+    case SyncMode::kHybrid: return "hybrid";
+    case SyncMode::kNone: return "none";
+  }
+  return "?";
+}
+
+Result<SyncMode> parseSyncMode(const std::string& text) {
+  if (text == "ddp") return SyncMode::kDdp;
+  if (text == "diloco") return SyncMode::kDiloco;
+  if (text == "hybrid") return SyncMode::kHybrid;
+  if (text == "none") return SyncMode::kNone;
+  return invalidArgument("sync mode '{}': expected ddp, diloco, hybrid or none", text);
+}
+
+Result<OptimizerKind> parseOptimizer(const std::string& text) {
+  if (text == "sgd") return OptimizerKind::kSgd;
+  if (text == "adamw") return OptimizerKind::kAdamW;
+  return invalidArgument("optimizer '{}': expected sgd or adamw", text);
+}
+
+Result<TrainSummary> train(const TrainConfig& config, const TrainContext& ctx) {
+  if (ctx.backend == nullptr) return invalidArgument("train: no backend");
+  try {
+    Run run(config, ctx);
+    return run.go();
+  } catch (const std::bad_alloc&) {
+    return invalidArgument("out of memory on the {} backend (model {}, batch {})",
+                           ctx.backend->device() == kernels::Device::kCpu ? "cpu" : "cuda",
+                           formatWidths(config.model.widths), config.globalBatch);
+  } catch (const std::exception& e) {
+    return internalError("training failed: {}", e.what());
+  }
+}
+
+}  // namespace meridian::trainer

@@ -1,0 +1,103 @@
+// The data-parallel training loop behind meridian-train: Fashion-MNIST, the MLP, one of
+// the sync modes, checkpoints, progress lines and a final summary.
+//
+// Data order: every epoch has one permutation of the training set from (seed, epoch),
+// the same on every rank. Step s takes the global batch at position s of that epoch and
+// rank r trains on its r-th slice (globalBatch / worldSize rows), so a run on n ranks sees
+// exactly the samples a run on one rank sees, and DDP gives the same weights up to
+// floating-point summation order.
+//
+// Sync modes:
+//   ddp     gradients averaged every step (GradientSync, buckets overlapped with backward)
+//   diloco  H local AdamW steps, then the pseudo-gradients averaged and an outer Nesterov
+//           step (OuterSync); about H times fewer bytes on the wire
+//   hybrid  ddp inside each region every step, diloco across regions every H steps
+//           (regions from MERIDIAN_REGION, else inferred by the routing layer)
+//   none    every rank trains alone (a baseline)
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "collectives/store.h"
+#include "core/status.h"
+#include "kernels/backend.h"
+#include "trainer/model.h"
+#include "trainer/sync.h"
+
+namespace meridian::trainer {
+
+enum class SyncMode : std::uint8_t { kDdp, kDiloco, kHybrid, kNone };
+std::string_view toString(SyncMode mode);
+Result<SyncMode> parseSyncMode(const std::string& text);
+
+enum class OptimizerKind : std::uint8_t { kSgd, kAdamW };
+Result<OptimizerKind> parseOptimizer(const std::string& text);
+
+struct TrainConfig {
+  ModelConfig model;
+  SyncMode sync = SyncMode::kDdp;
+  OptimizerKind optimizer = OptimizerKind::kAdamW;  // the inner optimizer (DiLoCo: always AdamW)
+  float lr = 1e-3f;
+  float momentum = 0.9f;      // SGD
+  float weightDecay = 0.0f;   // SGD: L2; AdamW: decoupled
+  int globalBatch = 256;      // divided evenly over the ranks
+  int epochs = 3;
+  std::int64_t maxSteps = 0;  // > 0: stop after this many steps (before the epochs end)
+  int innerSteps = 16;        // H for diloco and hybrid
+  OuterParams outer;
+  Wire wire = Wire::kF32;     // gradients (ddp: f32|bf16) and pseudo-gradients (f32|bf16|int8)
+  double bucketMb = 4.0;
+  std::uint64_t seed = 1;
+  std::string dataDir;        // empty: kFashionMnistDir
+  std::string checkpointDir;  // empty: no checkpoints
+  int checkpointEvery = 0;    // steps; 0: only at the end (when a directory is set)
+  bool resume = false;
+  int logEvery = 50;          // steps between progress lines (rank 0)
+  int evalEvery = 0;          // steps between test-set evaluations; 0: at each epoch's end
+  double targetAccuracy = 0;  // > 0: report the time the test accuracy first reached it
+  bool quiet = false;         // no progress lines
+};
+
+struct TrainSummary {
+  std::int64_t steps = 0;        // steps this run made (after a resume: from the checkpoint)
+  std::int64_t finalStep = 0;
+  double wallSec = 0;
+  double computeSec = 0;         // forward, backward, optimizer
+  double exposedCommSec = 0;     // waiting for communication after compute
+  double samplesPerSec = 0;      // global
+  // Rank 0: what one rank alone manages on the whole global batch (measured before training).
+  double oneRankSamplesPerSec = 0;
+  double testAccuracy = 0;
+  double testLoss = 0;
+  double trainLoss = 0;          // mean over the last logging interval
+  double timeToTargetSec = -1;   // first evaluation at or above targetAccuracy; -1: never
+  std::uint64_t bytesSent = 0;   // this rank's transport bytes, all peers
+  std::uint64_t bytesCrossRegion = 0;  // this rank's transport bytes to ranks of other regions
+  std::uint64_t payloadBytes = 0;      // gradient / pseudo-gradient payload this rank put on the wire
+  // The same three summed over every rank.
+  std::uint64_t worldBytesSent = 0;
+  std::uint64_t worldBytesCrossRegion = 0;
+  std::uint64_t worldPayloadBytes = 0;
+  int worldSize = 1;
+  int regionCount = 0;           // regions known to the routing layer (0: none)
+  std::vector<float> params;     // the final parameters (host copy), for tests and tools
+};
+
+// Everything a rank needs from its launcher. comm is null for a world of one; store is the
+// rendezvous store (hybrid creates its region communicators through it).
+struct TrainContext {
+  kernels::Backend* backend = nullptr;
+  collectives::Communicator* comm = nullptr;
+  collectives::Store* store = nullptr;
+  collectives::CommOptions commOptions;  // for the region communicators
+};
+
+// Runs the whole training; errors (bad data, a broken communicator, a checkpoint that does
+// not match the configuration) come back as a Status.
+Result<TrainSummary> train(const TrainConfig& config, const TrainContext& ctx);
+
+}  // namespace meridian::trainer
