@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -66,6 +67,9 @@ TEST(TrainLabTest, DdpAndDilocoAcrossTwoRegions) {
   const double dilocoCross = diloco["bytes_cross_region"].get<double>();
   EXPECT_GE(dilocoCross, 2 * gradientBytes * 6) << diloco.dump();
   EXPECT_LE(dilocoCross, 1.2 * 3 * gradientBytes * 6 + 1e6) << diloco.dump();
+  std::printf("ddp: cross-region %.2f MB (gradient %.2f MB x 60 steps), accuracy %.3f; diloco: %.2f MB, accuracy %.3f\n",
+              ddpCross / 1e6, gradientBytes / 1e6, ddp["test_accuracy"].get<double>(), dilocoCross / 1e6,
+              diloco["test_accuracy"].get<double>());
   EXPECT_GT(ddpCross / dilocoCross, 5.0) << "DiLoCo with H=10 should cross regions about 10x less";
   EXPECT_EQ(ddp["payload_bytes"].get<double>(), 4 * 60 * gradientBytes);
   EXPECT_EQ(diloco["payload_bytes"].get<double>(), 4 * 6 * gradientBytes);

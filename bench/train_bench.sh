@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# meridian-train benchmarks (issue 6), figures into bench/results/training.md.
+#
+# Part 1, loopback (4 local ranks on this machine):
+#   accuracy   DDP on 4 ranks, the default model (784-1024-1024-10), AdamW, batch 256, until
+#              EPOCHS epochs: test accuracy and the time to TARGET (default 0.88); DiLoCo
+#              (H=16) the same way.
+#   overlap    exposed communication as a share of the step, 4 ranks, 4 MiB buckets (overlapped
+#              with backward) against one bucket of the whole gradient (no overlap), side by
+#              side, and one rank alone.
+# Part 2, the lab (root and /dev/net/tun; skipped with a note otherwise): 1, 2, 4 and 6
+#   nodes across regions (two-regions.yaml with 1 or 2 nodes per region, three-regions.yaml
+#   with 2 per region; time scale 0.25, WAN links WAN_RATE Mbit/s per plane as in
+#   lab_compare.sh, because the emulator thread moves ~600 Mbit/s in all), a mid-size model
+#   (784-256-256-10, LAB_STEPS steps): samples/s and scaling efficiency against one node for
+#   DDP, hybrid and DiLoCo, plus cross-region bytes.
+#
+# Usage: [EPOCHS=5] [TARGET=0.88] [LAB_STEPS=120] [WAN_RATE=40] bench/train_bench.sh [BUILD_DIR]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build}
+train="$build/trainer/meridian-train"
+labBin="$build/lab/meridian-lab"
+epochs=${EPOCHS:-5}
+target=${TARGET:-0.88}
+labSteps=${LAB_STEPS:-120}
+wanMbit=${WAN_RATE:-40}
+out="$root/bench/results/training.md"
+tmp=$(mktemp -d)
+labName=mltb
+labUp=0
+cleanup() {
+  [ "$labUp" = 1 ] && "$labBin" --lab "$labName" down >/dev/null 2>&1 || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+[ -x "$train" ] || { echo "missing $train: build it (ninja -C $build meridian-train)" >&2; exit 1; }
+
+rows=()
+# run NAME JSON CMD...: runs a training, keeps its summary line for the tables.
+run() {
+  local name=$1 json=$2
+  shift 2
+  echo "== $name: $*" >&2
+  "$@" --json "$json" --quiet > "$tmp/$name.log" 2>&1 || { cat "$tmp/$name.log" >&2; echo "$name failed" >&2; exit 1; }
+  rows+=("$name|$json|$*")
+}
+field() { python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(j[sys.argv[2]])" "$1" "$2"; }
+
+# ---- Part 1: loopback --------------------------------------------------------------------
+run ddp4-accuracy "$tmp/ddp4.json" "$train" --ranks 4 --sync ddp --epochs "$epochs" --target-accuracy "$target"
+run diloco4-accuracy "$tmp/diloco4.json" "$train" --ranks 4 --sync diloco -H 16 --epochs "$epochs" --target-accuracy "$target"
+run one-rank "$tmp/one.json" "$train" --ranks 1 --max-steps 150
+run ddp4-buckets-4MiB "$tmp/b4.json" "$train" --ranks 4 --sync ddp --max-steps 150
+run ddp4-one-bucket "$tmp/b1.json" "$train" --ranks 4 --sync ddp --max-steps 150 --bucket-mb 64
+run ddp4-bf16-wire "$tmp/bf16.json" "$train" --ranks 4 --sync ddp --max-steps 150 --wire bf16
+
+# ---- Part 2: the lab ------------------------------------------------------------------------
+labNote=""
+if [ "$(id -u)" -ne 0 ] || [ ! -c /dev/net/tun ] || [ ! -x "$labBin" ]; then
+  labNote="Part 2 was skipped: it needs root, /dev/net/tun and meridian-lab."
+else
+  wanQueue="$((wanMbit * 100000 / 8 / 1000))KB"
+  labModel=(--model 784-256-256-10 --batch 256 --max-steps "$labSteps" --eval-every 1000000)
+  run lab-1-node "$tmp/lab1.json" "$train" --ranks 1 "${labModel[@]}"
+  for nodes in 2 4 6; do
+    case $nodes in
+      2) sed 's/nodes: 2/nodes: 1/' "$root/lab/topologies/two-regions.yaml" > "$tmp/topo.yaml" ;;
+      4) cp "$root/lab/topologies/two-regions.yaml" "$tmp/topo.yaml" ;;
+      6) cp "$root/lab/topologies/three-regions.yaml" "$tmp/topo.yaml" ;;
+    esac
+    "$labBin" --lab "$labName" up "$tmp/topo.yaml" --time-scale 0.25 >/dev/null
+    labUp=1
+    # Every inter-region link at WAN_RATE per plane (100 ms of queue), as lab_compare.sh does.
+    regions=$(python3 -c "import yaml,sys; print(' '.join(r['name'] for r in yaml.safe_load(open(sys.argv[1]))['regions']))" "$tmp/topo.yaml")
+    planes=$(python3 -c "import yaml,sys; print(' '.join(p['name'] for p in yaml.safe_load(open(sys.argv[1]))['planes']))" "$tmp/topo.yaml")
+    for p in $planes; do
+      for a in $regions; do
+        for b in $regions; do
+          [[ "$a" < "$b" ]] && "$labBin" --lab "$labName" set "$p" "$a" "$b" --rate "${wanMbit}Mbit" --queue "$wanQueue" >/dev/null
+        done
+      done
+    done
+    modes=(ddp diloco)
+    [ "$nodes" -ge 4 ] && modes=(ddp hybrid diloco)
+    for mode in "${modes[@]}"; do
+      extra=()
+      [ "$mode" != ddp ] && extra=(-H 16)
+      run "lab-$nodes-nodes-$mode" "$tmp/lab$nodes-$mode.json" "$labBin" --lab "$labName" exec-all -- \
+        "$train" --sync "$mode" "${labModel[@]}" "${extra[@]}"
+    done
+    "$labBin" --lab "$labName" down >/dev/null
+    labUp=0
+  done
+fi
+
+# ---- Report ---------------------------------------------------------------------------
+python3 - "$out" "$labNote" "$(date -u +%Y-%m-%dT%H:%MZ)" "$(nproc)" "${rows[@]}" <<'EOF'
+import json, sys
+out, note, when, cores = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+rows = [r.split("|", 2) for r in sys.argv[5:]]
+data = {name: (json.load(open(path)), cmd) for name, path, cmd in rows}
+def pct(x): return f"{100*x:.2f}%"
+def exposed(j): return j["exposed_comm_s"] / max(j["compute_s"] + j["exposed_comm_s"], 1e-9)
+L = []
+L.append("# meridian-train benchmarks\n")
+L.append(f"Recorded {when} on this machine ({cores} cores, no GPU) by `bench/train_bench.sh`; every figure below")
+L.append("comes from the summary JSON of the command listed with it. Fashion-MNIST from Debian's")
+L.append("`dataset-fashion-mnist`; CPU backend (OpenBLAS, one thread per rank).\n")
+L.append("## Accuracy and time to target (4 local ranks, loopback)\n")
+L.append("| run | test accuracy | time to target | wall | samples/s | exposed comm | sync payload |")
+L.append("| --- | --- | --- | --- | --- | --- | --- |")
+for n in ("ddp4-accuracy", "diloco4-accuracy"):
+    j, _ = data[n]
+    ttt = f"{j['time_to_target_s']:.1f} s" if j["time_to_target_s"] >= 0 else "not reached"
+    L.append(f"| {n} | {pct(j['test_accuracy'])} | {ttt} (target {pct(j['target_accuracy'])}) | {j['wall_s']:.1f} s | "
+             f"{j['samples_per_s']:.0f} | {pct(exposed(j))} | {j['payload_bytes']/1e9:.2f} GB |")
+L.append("\n## Overlap (4 local ranks, loopback, 150 steps of the default model)\n")
+L.append("Exposed communication = time a rank waits for gradient averages after its backward pass,")
+L.append("as a share of compute + exposed communication.\n")
+L.append("| run | exposed comm | step compute | samples/s | speedup vs one rank |")
+L.append("| --- | --- | --- | --- | --- |")
+one = data["one-rank"][0]
+for n in ("one-rank", "ddp4-buckets-4MiB", "ddp4-one-bucket", "ddp4-bf16-wire"):
+    j, _ = data[n]
+    L.append(f"| {n} | {pct(exposed(j))} | {1e3*j['compute_s']/max(j['steps'],1):.1f} ms | {j['samples_per_s']:.0f} | "
+             f"{j['samples_per_s']/one['samples_per_s']:.2f}x |")
+lab = [n for n in data if n.startswith("lab-")]
+L.append("\n## Scaling across regions (the lab)\n")
+if note:
+    L.append(note + "\n")
+else:
+    base = data["lab-1-node"][0]
+    L.append("Model 784-256-256-10, batch 256; efficiency = samples/s / (nodes x one node's samples/s).")
+    L.append("The nodes share this machine's 2 cores, so compute per node slows as nodes are added;")
+    L.append("the one-node figure is one process alone.\n")
+    L.append("| run | nodes | regions | samples/s | speedup | efficiency | exposed comm | cross-region bytes | test accuracy |")
+    L.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for n in lab:
+        j, _ = data[n]
+        sp = j["samples_per_s"] / base["samples_per_s"]
+        L.append(f"| {n} | {j['ranks']} | {j['regions']} | {j['samples_per_s']:.0f} | {sp:.2f}x | {sp/j['ranks']:.2f} | "
+                 f"{pct(exposed(j))} | {j['bytes_cross_region']/1e6:.1f} MB | {pct(j['test_accuracy'])} |")
+L.append("\n## Commands\n")
+for name, path, cmd in rows:
+    L.append(f"- {name}: `{cmd} --json F --quiet`")
+open(out, "w").write("\n".join(L) + "\n")
+print("\n".join(L))
+EOF
+echo "written: $out" >&2
