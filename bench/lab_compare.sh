@@ -18,7 +18,7 @@
 #    stripes over both planes (MERIDIAN_PATHS); Gloo's TCP transport binds to one address, the
 #    node's wan-a one, and the ranks meet through a gloo FileStore in a fresh directory under
 #    this script's temporary folder (the namespaces share the filesystem).
-#  - OpenMPI: mpirun runs inside london-1's namespace (so its out-of-band address is reachable
+#  - OpenMPI (bench/lab/mpi_in_lab.sh): mpirun runs inside london-1's namespace (so its out-of-band address is reachable
 #    from every node) with a hostfile of node names and plm_rsh_agent set to a tiny script that
 #    runs the daemon's command line in the named node's namespace (`ip netns exec hb-<node> sh -c`)
 #    instead of ssh; plm_rsh_no_tree_spawn keeps every launch on mpirun's side. The TCP BTL and
@@ -32,6 +32,7 @@
 # most of it OpenMPI and Gloo on the congested link)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+source "$root/bench/lab/mpi_in_lab.sh"
 build=${1:-$root/build}
 labName=hb
 lab=("$build/lab/meridian-lab" --lab "$labName")
@@ -75,29 +76,16 @@ for plane in wan-a wan-b; do
   done
 done
 "${lab[@]}" status > "$tmp/status.txt"
-# Node names in rank order: the rows of the status table whose namespace is <lab>-<node>.
-mapfile -t nodes < <(awk -v p="$labName-" 'index($3, p) == 1 {print $1}' "$tmp/status.txt")
+mapfile -t nodes < <(mpi_lab_nodes "$labName" "${lab[@]}")
 [ ${#nodes[@]} -gt 1 ] || { echo "no nodes in the lab's status:" >&2; cat "$tmp/status.txt" >&2; exit 1; }
 
-printf '%s slots=1\n' "${nodes[@]}" > "$tmp/mpi-hosts"
-cat > "$tmp/netns-rsh" <<EOF
-#!/bin/sh
-# plm_rsh_agent for mpirun: "HOST CMD..." runs CMD in the lab namespace of node HOST.
-host=\$1
-shift
-exec ip netns exec "$labName-\$host" /bin/sh -c "\$*"
-EOF
-chmod +x "$tmp/netns-rsh"
+mpi_lab_prepare "$labName" "$tmp" "${nodes[@]}"
 
 meridianCmd() {
   cmd=(env "MERIDIAN_ROUTING=$1" "${lab[@]}" exec-all -- "$build/bench/meridian-bench" --ops all_reduce "${sizes[@]}")
 }
 mpiCmd() {
-  cmd=("${lab[@]}" run "${nodes[0]}" -- mpirun --allow-run-as-root -np "${#nodes[@]}" --hostfile "$tmp/mpi-hosts"
-       --mca plm_rsh_agent "$tmp/netns-rsh" --mca plm_rsh_no_tree_spawn 1 --bind-to none
-       --mca mpi_yield_when_idle 1 --mca pml ob1 --mca btl tcp,self
-       --mca btl_tcp_if_include 198.18.0.0/16 --mca oob_tcp_if_include 198.18.0.0/16
-       "$build/bench/mpi-coll-bench" --ops all_reduce "${sizes[@]}")
+  cmd=("${lab[@]}" run "${nodes[0]}" -- "${MPI_LAB_ARGS[@]}" "$build/bench/mpi-coll-bench" --ops all_reduce "${sizes[@]}")
 }
 glooCmd() {
   local store

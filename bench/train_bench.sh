@@ -13,13 +13,18 @@
 #   with 2 per region; time scale 0.25, WAN links WAN_RATE Mbit/s per plane as in
 #   lab_compare.sh, because the emulator thread moves ~600 Mbit/s in all), a mid-size model
 #   (784-256-256-10, LAB_STEPS steps): samples/s and scaling efficiency against one node for
-#   DDP, hybrid and DiLoCo, plus cross-region bytes.
+#   DDP, hybrid and DiLoCo, plus cross-region bytes; and the same training with OpenMPI doing
+#   the collectives (meridian-train-mpi: MPI_Iallreduce per bucket; bench/lab/mpi_in_lab.sh
+#   says how mpirun reaches the namespaces), DDP and DiLoCo, side by side in the same lab.
+#   Locally, meridian-train-mpi runs too (TCP BTL over loopback, as compare_mpi.sh).
 #
 # Usage: [EPOCHS=5] [TARGET=0.88] [LAB_STEPS=120] [WAN_RATE=40] bench/train_bench.sh [BUILD_DIR]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 train="$build/trainer/meridian-train"
+trainMpi="$build/bench/meridian-train-mpi"
+source "$root/bench/lab/mpi_in_lab.sh"
 labBin="$build/lab/meridian-lab"
 epochs=${EPOCHS:-5}
 target=${TARGET:-0.88}
@@ -35,6 +40,7 @@ cleanup() {
 }
 trap cleanup EXIT
 [ -x "$train" ] || { echo "missing $train: build it (ninja -C $build meridian-train)" >&2; exit 1; }
+[ -x "$trainMpi" ] || { echo "missing $trainMpi: build it (needs libopenmpi-dev)" >&2; exit 1; }
 
 rows=()
 # run NAME JSON CMD...: runs a training, keeps its summary line for the tables.
@@ -54,6 +60,8 @@ run one-rank "$tmp/one.json" "$train" --ranks 1 --max-steps 150
 run ddp4-buckets-4MiB "$tmp/b4.json" "$train" --ranks 4 --sync ddp --max-steps 150
 run ddp4-one-bucket "$tmp/b1.json" "$train" --ranks 4 --sync ddp --max-steps 150 --bucket-mb 64
 run ddp4-bf16-wire "$tmp/bf16.json" "$train" --ranks 4 --sync ddp --max-steps 150 --wire bf16
+run openmpi-ddp4 "$tmp/mpi4.json" mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl tcp,self \
+  --mca btl_tcp_if_include lo -np 4 "$trainMpi" --sync ddp --max-steps 150
 
 # ---- Part 2: the lab ------------------------------------------------------------------------
 labNote=""
@@ -61,7 +69,7 @@ if [ "$(id -u)" -ne 0 ] || [ ! -c /dev/net/tun ] || [ ! -x "$labBin" ]; then
   labNote="Part 2 was skipped: it needs root, /dev/net/tun and meridian-lab."
 else
   wanQueue="$((wanMbit * 100000 / 8 / 1000))KB"
-  labModel=(--model 784-256-256-10 --batch 256 --max-steps "$labSteps" --eval-every 1000000)
+  labModel=(--model 784-256-256-10 --batch 240 --max-steps "$labSteps" --eval-every 1000000)
   run lab-1-node "$tmp/lab1.json" "$train" --ranks 1 "${labModel[@]}"
   for nodes in 2 4 6; do
     case $nodes in
@@ -88,6 +96,14 @@ else
       [ "$mode" != ddp ] && extra=(-H 16)
       run "lab-$nodes-nodes-$mode" "$tmp/lab$nodes-$mode.json" "$labBin" --lab "$labName" exec-all -- \
         "$train" --sync "$mode" "${labModel[@]}" "${extra[@]}"
+    done
+    mapfile -t nodeNames < <(mpi_lab_nodes "$labName" "$labBin" --lab "$labName")
+    mpi_lab_prepare "$labName" "$tmp" "${nodeNames[@]}"
+    for mode in ddp diloco; do
+      extra=()
+      [ "$mode" != ddp ] && extra=(-H 16)
+      run "lab-$nodes-nodes-$mode-openmpi" "$tmp/lab$nodes-$mode-mpi.json" "$labBin" --lab "$labName" run \
+        "${nodeNames[0]}" -- "${MPI_LAB_ARGS[@]}" "$trainMpi" --sync "$mode" "${labModel[@]}" "${extra[@]}"
     done
     "$labBin" --lab "$labName" down >/dev/null
     labUp=0
@@ -121,7 +137,7 @@ L.append("as a share of compute + exposed communication.\n")
 L.append("| run | exposed comm | step compute | samples/s | speedup vs one rank |")
 L.append("| --- | --- | --- | --- | --- |")
 one = data["one-rank"][0]
-for n in ("one-rank", "ddp4-buckets-4MiB", "ddp4-one-bucket", "ddp4-bf16-wire"):
+for n in ("one-rank", "ddp4-buckets-4MiB", "ddp4-one-bucket", "ddp4-bf16-wire", "openmpi-ddp4"):
     j, _ = data[n]
     L.append(f"| {n} | {pct(exposed(j))} | {1e3*j['compute_s']/max(j['steps'],1):.1f} ms | {j['samples_per_s']:.0f} | "
              f"{j['samples_per_s']/one['samples_per_s']:.2f}x |")
@@ -131,16 +147,25 @@ if note:
     L.append(note + "\n")
 else:
     base = data["lab-1-node"][0]
-    L.append("Model 784-256-256-10, batch 256; efficiency = samples/s / (nodes x one node's samples/s).")
+    L.append("Model 784-256-256-10, batch 240 (divides over 1, 2, 4 and 6 nodes); efficiency = samples/s / (nodes x one node's samples/s).")
     L.append("The nodes share this machine's 2 cores, so compute per node slows as nodes are added;")
     L.append("the one-node figure is one process alone.\n")
+    L.append("OpenMPI rows: the same loop with MPI_Iallreduce / MPI_Allreduce (no transport byte counts).\n")
     L.append("| run | nodes | regions | samples/s | speedup | efficiency | exposed comm | cross-region bytes | test accuracy |")
     L.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for n in lab:
         j, _ = data[n]
         sp = j["samples_per_s"] / base["samples_per_s"]
+        cross = "n/a" if n.endswith("openmpi") else f"{j['bytes_cross_region']/1e6:.1f} MB"
         L.append(f"| {n} | {j['ranks']} | {j['regions']} | {j['samples_per_s']:.0f} | {sp:.2f}x | {sp/j['ranks']:.2f} | "
-                 f"{pct(exposed(j))} | {j['bytes_cross_region']/1e6:.1f} MB | {pct(j['test_accuracy'])} |")
+                 f"{pct(exposed(j))} | {cross} | {pct(j['test_accuracy'])} |")
+    L.append("\nMeridian against OpenMPI, same lab, same nodes, same training (samples/s ratio):\n")
+    for n in lab:
+        if n.endswith("-openmpi") and n[:-len("-openmpi")] in data:
+            m = data[n[:-len("-openmpi")]][0]
+            o = data[n][0]
+            L.append(f"- {n[:-len('-openmpi')]}: Meridian {m['samples_per_s']:.0f} vs OpenMPI {o['samples_per_s']:.0f} "
+                     f"samples/s = {m['samples_per_s']/o['samples_per_s']:.2f}x")
 L.append("\n## Commands\n")
 for name, path, cmd in rows:
     L.append(f"- {name}: `{cmd} --json F --quiet`")

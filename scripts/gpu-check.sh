@@ -4,6 +4,7 @@
 # plugin and nccl-allreduce-check, then runs real NCCL with two ranks on the one GPU, each
 # with its own NCCL_HOSTID so NCCL takes them for two hosts and all traffic goes through
 # the plugin (NCCL_NET=Meridian makes a plugin that fails to load an error, not a fallback).
+# Also times meridian-train on the GPU (train-gpu-*.json / .log).
 # Logs and the busbw table go to $OUT (default ./gpu-out).
 # Usage: scripts/gpu-check.sh [BUILD_DIR]
 set -euo pipefail
@@ -14,11 +15,19 @@ mkdir -p "$out"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DMERIDIAN_WERROR=OFF >"$out/configure.log" 2>&1
 cmake --build "$build" -j "$(nproc)" --target nccl-net-meridian meridian-nccl-check nccl-allreduce-check \
-  kernels_backend_parity_test >"$out/build.log" 2>&1
+  kernels_backend_parity_test meridian-train >"$out/build.log" 2>&1
 nvidia-smi -L | tee "$out/gpu.txt"
 echo "== CUDA backend vs CPU backend:"
 "$build/tests/kernels/kernels_backend_parity_test" >"$out/kernels_parity.log" 2>&1 || true
 tail -n 3 "$out/kernels_parity.log"
+# A timed training run on the GPU (the default model, 2 epochs): one rank, then two ranks
+# sharing the GPU with DDP over loopback (gradients staged through pinned host memory).
+echo "== meridian-train on the GPU:"
+for n in 1 2; do
+  MERIDIAN_SECRET=gpu-check "$build/trainer/meridian-train" --ranks "$n" --device cuda --epochs 2 \
+    --json "$out/train-gpu-$n.json" >"$out/train-gpu-$n.log" 2>&1 || echo "meridian-train --ranks $n failed"
+  tail -n 9 "$out/train-gpu-$n.log"
+done
 export LD_LIBRARY_PATH="$build/nccl_plugin:${LD_LIBRARY_PATH:-}"
 export NCCL_NET_PLUGIN=meridian NCCL_NET=Meridian NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET
 export MERIDIAN_SECRET=gpu-check MERIDIAN_PATHS=127.0.0.1,127.0.0.2

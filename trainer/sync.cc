@@ -17,6 +17,22 @@ using collectives::Communicator;
 using kernels::DataType;
 using kernels::ReduceOp;
 
+namespace {
+class MeridianPending final : public SyncComm::Pending {
+ public:
+  explicit MeridianPending(Communicator::WorkPtr work) : work_(std::move(work)) {}
+  Status wait() override { return work_->wait(); }
+
+ private:
+  Communicator::WorkPtr work_;
+};
+}  // namespace
+
+std::unique_ptr<SyncComm::Pending> MeridianSyncComm::allreduceAsync(void* data, std::size_t count, DataType type,
+                                                                     ReduceOp op) {
+  return std::make_unique<MeridianPending>(comm_.allreduceAsync(data, data, count, type, op));
+}
+
 std::string_view toString(Wire wire) {
   switch (wire) {
     case Wire::kF32: return "f32";
@@ -71,8 +87,7 @@ std::vector<Bucket> planBuckets(const Mlp& model, std::size_t bucketBytes) {
 
 // ---- GradientSync ---------------------------------------------------------------------
 
-GradientSync::GradientSync(kernels::Backend& backend, Communicator* comm, Mlp& model, std::size_t bucketBytes,
-                           Wire wire)
+GradientSync::GradientSync(kernels::Backend& backend, SyncComm* comm, Mlp& model, std::size_t bucketBytes, Wire wire)
     : backend_(backend), comm_(comm), model_(model), wire_(wire), buckets_(planBuckets(model, bucketBytes)) {
   if (wire_ == Wire::kInt8) throw std::invalid_argument("gradient sync: int8 is a DiLoCo wire format (use f32 or bf16)");
   works_.resize(buckets_.size());
@@ -127,9 +142,9 @@ void GradientSync::launch(std::size_t b) {
     if (wire_ == Wire::kBF16) {
       auto* half = static_cast<std::uint16_t*>(host_) + bucket.begin;
       backend_.castToBF16(grads, half, count);
-      works_[b] = comm_->allreduceAsync(half, half, count, DataType::kBF16, ReduceOp::kAvg);
+      works_[b] = comm_->allreduceAsync(half, count, DataType::kBF16, ReduceOp::kAvg);
     } else {
-      works_[b] = comm_->allreduceAsync(grads, grads, count, DataType::kF32, ReduceOp::kAvg);
+      works_[b] = comm_->allreduceAsync(grads, count, DataType::kF32, ReduceOp::kAvg);
     }
     return;
   }
@@ -161,13 +176,12 @@ void GradientSync::launcherLoop() {
     backend_.waitStaged(s.ticket);
     const Bucket& bucket = buckets_[s.bucket];
     const std::size_t count = bucket.end - bucket.begin;
-    Communicator::WorkPtr work;
+    std::unique_ptr<SyncComm::Pending> work;
     if (wire_ == Wire::kBF16) {
-      auto* half = static_cast<std::uint16_t*>(host_) + bucket.begin;
-      work = comm_->allreduceAsync(half, half, count, DataType::kBF16, ReduceOp::kAvg);
+      work = comm_->allreduceAsync(static_cast<std::uint16_t*>(host_) + bucket.begin, count, DataType::kBF16,
+                                   ReduceOp::kAvg);
     } else {
-      auto* f = static_cast<float*>(host_) + bucket.begin;
-      work = comm_->allreduceAsync(f, f, count, DataType::kF32, ReduceOp::kAvg);
+      work = comm_->allreduceAsync(static_cast<float*>(host_) + bucket.begin, count, DataType::kF32, ReduceOp::kAvg);
     }
     lock.lock();
     works_[s.bucket] = std::move(work);
@@ -182,7 +196,7 @@ Status GradientSync::finish() {
   next_ = 0;
   Status first;
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    Communicator::WorkPtr work;
+    std::unique_ptr<SyncComm::Pending> work;
     if (hostResident()) {
       work = std::move(works_[b]);
     } else {
@@ -252,7 +266,7 @@ void unpackInt8Add(const std::uint8_t* packed, std::size_t n, float* dst) {
 
 // ---- OuterSync --------------------------------------------------------------------------
 
-OuterSync::OuterSync(kernels::Backend& backend, Communicator* comm, Mlp& model, OuterParams params, Wire wire)
+OuterSync::OuterSync(kernels::Backend& backend, SyncComm* comm, Mlp& model, OuterParams params, Wire wire)
     : backend_(backend), comm_(comm), model_(model), params_(params), wire_(wire) {
   const std::size_t n = model_.paramCount();
   anchor_ = static_cast<float*>(backend_.alloc(n * sizeof(float)));
@@ -297,7 +311,7 @@ Status OuterSync::sync() {
 
 Status OuterSync::average(std::size_t n) {
   const bool host = backend_.device() == kernels::Device::kCpu;
-  if (wire_ == Wire::kF32 && host) return comm_->allreduce(delta_, delta_, n, DataType::kF32, ReduceOp::kAvg);
+  if (wire_ == Wire::kF32 && host) return comm_->allreduce(delta_, n, DataType::kF32, ReduceOp::kAvg);
   hostDelta_.resize(n);
   if (wire_ == Wire::kBF16) {
     hostHalf_.resize(n);
@@ -307,12 +321,12 @@ Status OuterSync::average(std::size_t n) {
       backend_.copyToHost(hostDelta_.data(), delta_, n * sizeof(float));
       kernels::castF32ToBF16(hostDelta_.data(), hostHalf_.data(), n);
     }
-    Status st = comm_->allreduce(hostHalf_.data(), hostHalf_.data(), n, DataType::kBF16, ReduceOp::kAvg);
+    Status st = comm_->allreduce(hostHalf_.data(), n, DataType::kBF16, ReduceOp::kAvg);
     if (!st.isOk()) return st;
     kernels::castBF16ToF32(hostHalf_.data(), hostDelta_.data(), n);
   } else if (wire_ == Wire::kF32) {
     backend_.copyToHost(hostDelta_.data(), delta_, n * sizeof(float));
-    Status st = comm_->allreduce(hostDelta_.data(), hostDelta_.data(), n, DataType::kF32, ReduceOp::kAvg);
+    Status st = comm_->allreduce(hostDelta_.data(), n, DataType::kF32, ReduceOp::kAvg);
     if (!st.isOk()) return st;
   } else {
     // int8: every rank's blocks are gathered and decoded here, then averaged in f32 (int8

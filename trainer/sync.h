@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -30,6 +31,48 @@
 #include "trainer/model.h"
 
 namespace meridian::trainer {
+
+// The collectives the sync modes need. Meridian's Communicator is the one that matters
+// (MeridianSyncComm); the interface exists so the very same training runs over another
+// library for side-by-side comparisons (bench/mpi_train_main.cc adapts OpenMPI). All
+// operations are in place and every rank calls them in the same order.
+class SyncComm {
+ public:
+  class Pending {
+   public:
+    virtual ~Pending() = default;
+    virtual Status wait() = 0;
+  };
+  virtual ~SyncComm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Starts an in-place allreduce; the buffer stays untouched by the caller until wait().
+  virtual std::unique_ptr<Pending> allreduceAsync(void* data, std::size_t count, kernels::DataType type,
+                                                  kernels::ReduceOp op) = 0;
+  virtual Status allreduce(void* data, std::size_t count, kernels::DataType type, kernels::ReduceOp op) = 0;
+  // recv holds sendCount elements per rank, rank r's at block r.
+  virtual Status allgather(const void* send, void* recv, std::size_t sendCount, kernels::DataType type) = 0;
+  virtual Status barrier() = 0;
+};
+
+class MeridianSyncComm final : public SyncComm {
+ public:
+  explicit MeridianSyncComm(collectives::Communicator& comm) : comm_(comm) {}
+  int rank() const override { return comm_.rank(); }
+  int size() const override { return comm_.size(); }
+  std::unique_ptr<Pending> allreduceAsync(void* data, std::size_t count, kernels::DataType type,
+                                          kernels::ReduceOp op) override;
+  Status allreduce(void* data, std::size_t count, kernels::DataType type, kernels::ReduceOp op) override {
+    return comm_.allreduce(data, data, count, type, op);
+  }
+  Status allgather(const void* send, void* recv, std::size_t sendCount, kernels::DataType type) override {
+    return comm_.allgather(send, recv, sendCount, type);
+  }
+  Status barrier() override { return comm_.barrier(); }
+
+ private:
+  collectives::Communicator& comm_;
+};
 
 enum class Wire : std::uint8_t { kF32, kBF16, kInt8 };
 std::string_view toString(Wire wire);
@@ -52,8 +95,7 @@ std::vector<Bucket> planBuckets(const Mlp& model, std::size_t bucketBytes);
 class GradientSync {
  public:
   // `comm` may be null (one rank: finish() leaves the gradients as they are).
-  GradientSync(kernels::Backend& backend, collectives::Communicator* comm, Mlp& model, std::size_t bucketBytes,
-               Wire wire);
+  GradientSync(kernels::Backend& backend, SyncComm* comm, Mlp& model, std::size_t bucketBytes, Wire wire);
   ~GradientSync();
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
@@ -77,14 +119,14 @@ class GradientSync {
   bool hostResident() const { return backend_.device() == kernels::Device::kCpu; }
 
   kernels::Backend& backend_;
-  collectives::Communicator* comm_;
+  SyncComm* comm_;
   Mlp& model_;
   Wire wire_;
   std::vector<Bucket> buckets_;
   std::size_t next_ = 0;  // first bucket not yet started this step
   void* host_ = nullptr;  // staging: the gradients in wire format (null: in place)
   void* deviceWire_ = nullptr;  // GPU bf16: the cast gradients before staging
-  std::vector<collectives::Communicator::WorkPtr> works_;  // [bucket]
+  std::vector<std::unique_ptr<SyncComm::Pending>> works_;  // [bucket]
   Status launchError_;
 
   // GPU: staged copies waiting for their allreduce (launcher thread).
@@ -102,7 +144,7 @@ struct OuterParams {
 
 class OuterSync {
  public:
-  OuterSync(kernels::Backend& backend, collectives::Communicator* comm, Mlp& model, OuterParams params, Wire wire);
+  OuterSync(kernels::Backend& backend, SyncComm* comm, Mlp& model, OuterParams params, Wire wire);
   ~OuterSync();
   OuterSync(const OuterSync&) = delete;
   OuterSync& operator=(const OuterSync&) = delete;
@@ -119,7 +161,7 @@ class OuterSync {
   Status average(std::size_t n);
 
   kernels::Backend& backend_;
-  collectives::Communicator* comm_;
+  SyncComm* comm_;
   Mlp& model_;
   OuterParams params_;
   Wire wire_;

@@ -141,13 +141,18 @@ nlohmann::json identity(const TrainConfig& cfg, int rank, int world) {
 class Run {
  public:
   Run(const TrainConfig& cfg, const TrainContext& ctx) : cfg_(cfg), ctx_(ctx), backend_(*ctx.backend) {
-    rank_ = ctx.comm != nullptr ? ctx.comm->rank() : 0;
-    world_ = ctx.comm != nullptr ? ctx.comm->size() : 1;
+    if (ctx.comm != nullptr) {
+      worldSync_ = std::make_unique<MeridianSyncComm>(*ctx.comm);
+      sync_ = worldSync_.get();
+    } else {
+      sync_ = ctx.external;
+    }
+    rank_ = sync_ != nullptr ? sync_->rank() : 0;
+    world_ = sync_ != nullptr ? sync_->size() : 1;
   }
   Result<TrainSummary> go();
 
  private:
-  Status validate() const;
   Status setUpSync();
   // Normalised images and labels of `indices` into `model`'s input (rows <= hostRows_).
   void fillBatch(Mlp& model, const Dataset& data, const std::uint32_t* indices, int rows);
@@ -174,7 +179,10 @@ class Run {
   Dataset train_, test_;
   std::unique_ptr<Mlp> model_;
   std::unique_ptr<Optimizer> opt_;
+  std::unique_ptr<MeridianSyncComm> worldSync_;
+  SyncComm* sync_ = nullptr;  // the world's collectives (Meridian's, or ctx.external)
   std::unique_ptr<Communicator> regionComm_, crossComm_;
+  std::unique_ptr<MeridianSyncComm> regionSync_, crossSync_;
   std::unique_ptr<GradientSync> gradSync_;
   std::unique_ptr<OuterSync> outerSync_;
   std::vector<CommUse> comms_;
@@ -182,18 +190,6 @@ class Run {
   std::vector<float> hostInput_;
   std::vector<std::int32_t> hostLabels_;
 };
-
-Status Run::validate() const {
-  if (cfg_.globalBatch < 1 || cfg_.globalBatch % world_ != 0)
-    return invalidArgument("--batch {} must be a positive multiple of the {} ranks", cfg_.globalBatch, world_);
-  if (cfg_.innerSteps < 1) return invalidArgument("--inner-steps must be at least 1 (got {})", cfg_.innerSteps);
-  if (cfg_.epochs < 1 && cfg_.maxSteps < 1) return invalidArgument("need --epochs >= 1 or --max-steps >= 1");
-  if (cfg_.bucketMb <= 0) return invalidArgument("--bucket-mb must be positive (got {})", cfg_.bucketMb);
-  if ((cfg_.sync == SyncMode::kDdp || cfg_.sync == SyncMode::kHybrid) && cfg_.wire == Wire::kInt8)
-    return invalidArgument("--wire int8 is for the DiLoCo outer step; ddp and hybrid gradients take f32 or bf16");
-  if (!(cfg_.lr > 0)) return invalidArgument("--lr must be positive (got {})", cfg_.lr);
-  return Status();
-}
 
 Status Run::setUpSync() {
   Communicator* world = ctx_.comm;
@@ -208,14 +204,15 @@ Status Run::setUpSync() {
   switch (cfg_.sync) {
     case SyncMode::kNone: return Status();
     case SyncMode::kDdp:
-      gradSync_ = std::make_unique<GradientSync>(backend_, world, *model_, bucketBytes, cfg_.wire);
+      gradSync_ = std::make_unique<GradientSync>(backend_, sync_, *model_, bucketBytes, cfg_.wire);
       return Status();
     case SyncMode::kDiloco:
-      outerSync_ = std::make_unique<OuterSync>(backend_, world, *model_, cfg_.outer, cfg_.wire);
+      outerSync_ = std::make_unique<OuterSync>(backend_, sync_, *model_, cfg_.outer, cfg_.wire);
       return Status();
     case SyncMode::kHybrid: break;
   }
   // Hybrid: one communicator per region (every step) and one per local index across regions.
+  if (ctx_.external != nullptr) return invalidArgument("--sync hybrid runs on Meridian communicators only");
   if (world == nullptr || regionOf_.empty()) {
     if (world != nullptr) return invalidArgument("--sync hybrid needs regions: set MERIDIAN_REGION on every rank");
     gradSync_ = std::make_unique<GradientSync>(backend_, nullptr, *model_, bucketBytes, cfg_.wire);
@@ -246,9 +243,11 @@ Status Run::setUpSync() {
   for (const auto& m : members) cross.push_back(m[static_cast<std::size_t>(localIndex)]);
   MERIDIAN_ASSIGN_OR_RETURN(crossComm_, Communicator::create(*ctx_.store, myRegion, regionCount, opts));
   comms_.push_back(CommUse{crossComm_.get(), cross});
-  gradSync_ = std::make_unique<GradientSync>(backend_, regionComm_->size() > 1 ? regionComm_.get() : nullptr,
+  regionSync_ = std::make_unique<MeridianSyncComm>(*regionComm_);
+  crossSync_ = std::make_unique<MeridianSyncComm>(*crossComm_);
+  gradSync_ = std::make_unique<GradientSync>(backend_, regionComm_->size() > 1 ? regionSync_.get() : nullptr,
                                              *model_, bucketBytes, cfg_.wire);
-  outerSync_ = std::make_unique<OuterSync>(backend_, crossComm_->size() > 1 ? crossComm_.get() : nullptr, *model_,
+  outerSync_ = std::make_unique<OuterSync>(backend_, crossComm_->size() > 1 ? crossSync_.get() : nullptr, *model_,
                                            cfg_.outer, cfg_.wire);
   log(fmt::format("hybrid: {} regions of {} ranks; gradients averaged in the region every step, models across "
                   "regions every {} steps",
@@ -284,8 +283,8 @@ Status Run::evaluate(double* accuracy, double* loss) {
     sums[1] += static_cast<double>(s.correct);
     pos += static_cast<std::size_t>(rows);
   }
-  if (ctx_.comm != nullptr)
-    MERIDIAN_RETURN_IF_ERROR(ctx_.comm->allreduce(sums, sums, 3, kernels::DataType::kF64, kernels::ReduceOp::kSum));
+  if (sync_ != nullptr)
+    MERIDIAN_RETURN_IF_ERROR(sync_->allreduce(sums, 3, kernels::DataType::kF64, kernels::ReduceOp::kSum));
   *accuracy = sums[2] > 0 ? sums[1] / sums[2] : 0;
   *loss = sums[2] > 0 ? sums[0] / sums[2] : 0;
   return Status();
@@ -336,12 +335,12 @@ Result<std::int64_t> Run::resumeStep() {
     for (std::uint64_t s : steps)
       if (static_cast<std::int64_t>(s) <= bound) mine = std::max(mine, static_cast<std::int64_t>(s));
     std::int64_t agreed = mine;
-    if (ctx_.comm != nullptr)
-      MERIDIAN_RETURN_IF_ERROR(ctx_.comm->allreduce(&agreed, &agreed, 1, kernels::DataType::kI64, kernels::ReduceOp::kMin));
+    if (sync_ != nullptr)
+      MERIDIAN_RETURN_IF_ERROR(sync_->allreduce(&agreed, 1, kernels::DataType::kI64, kernels::ReduceOp::kMin));
     if (agreed < 0) return std::int64_t{-1};
     std::int64_t have = std::find(steps.begin(), steps.end(), static_cast<std::uint64_t>(agreed)) != steps.end() ? 1 : 0;
-    if (ctx_.comm != nullptr)
-      MERIDIAN_RETURN_IF_ERROR(ctx_.comm->allreduce(&have, &have, 1, kernels::DataType::kI64, kernels::ReduceOp::kMin));
+    if (sync_ != nullptr)
+      MERIDIAN_RETURN_IF_ERROR(sync_->allreduce(&have, 1, kernels::DataType::kI64, kernels::ReduceOp::kMin));
     if (have == 1) return agreed;
     bound = agreed - 1;
   }
@@ -394,7 +393,7 @@ std::pair<std::uint64_t, std::uint64_t> Run::transportBytes() const {
 }
 
 Result<TrainSummary> Run::go() {
-  MERIDIAN_RETURN_IF_ERROR(validate());
+  MERIDIAN_RETURN_IF_ERROR(checkConfig(cfg_, world_));
   const std::string dir = cfg_.dataDir.empty() ? kFashionMnistDir : cfg_.dataDir;
   MERIDIAN_ASSIGN_OR_RETURN(train_, loadFashionMnist(dir, true));
   MERIDIAN_ASSIGN_OR_RETURN(test_, loadFashionMnist(dir, false));
@@ -438,9 +437,9 @@ Result<TrainSummary> Run::go() {
   // The one-rank baseline: rank 0 alone on the machine while the others wait.
   {
     const std::vector<std::uint32_t> first = epochPermutation(train_.count, cfg_.seed, 0);
-    if (ctx_.comm != nullptr) MERIDIAN_RETURN_IF_ERROR(ctx_.comm->barrier());
+    if (sync_ != nullptr) MERIDIAN_RETURN_IF_ERROR(sync_->barrier());
     if (rank_ == 0) sum.oneRankSamplesPerSec = cfg_.globalBatch / oneRankStepSec(first);
-    if (ctx_.comm != nullptr) MERIDIAN_RETURN_IF_ERROR(ctx_.comm->barrier());
+    if (sync_ != nullptr) MERIDIAN_RETURN_IF_ERROR(sync_->barrier());
   }
   const std::int64_t firstStep = step;
   std::int64_t cachedEpoch = -1;
@@ -543,8 +542,8 @@ Result<TrainSummary> Run::go() {
   sum.payloadBytes = payload;
   metrics.payloadBytes.add(payload);
   std::uint64_t totals[3] = {sum.bytesSent, sum.bytesCrossRegion, sum.payloadBytes};
-  if (ctx_.comm != nullptr)
-    MERIDIAN_RETURN_IF_ERROR(ctx_.comm->allreduce(totals, totals, 3, kernels::DataType::kI64, kernels::ReduceOp::kSum));
+  if (sync_ != nullptr)
+    MERIDIAN_RETURN_IF_ERROR(sync_->allreduce(totals, 3, kernels::DataType::kI64, kernels::ReduceOp::kSum));
   sum.worldBytesSent = totals[0];
   sum.worldBytesCrossRegion = totals[1];
   sum.worldPayloadBytes = totals[2];
@@ -579,6 +578,18 @@ Result<OptimizerKind> parseOptimizer(const std::string& text) {
   if (text == "sgd") return OptimizerKind::kSgd;
   if (text == "adamw") return OptimizerKind::kAdamW;
   return invalidArgument("optimizer '{}': expected sgd or adamw", text);
+}
+
+Status checkConfig(const TrainConfig& cfg, int worldSize) {
+  if (cfg.globalBatch < 1 || cfg.globalBatch % worldSize != 0)
+    return invalidArgument("--batch {} must be a positive multiple of the {} ranks", cfg.globalBatch, worldSize);
+  if (cfg.innerSteps < 1) return invalidArgument("--inner-steps must be at least 1 (got {})", cfg.innerSteps);
+  if (cfg.epochs < 1 && cfg.maxSteps < 1) return invalidArgument("need --epochs >= 1 or --max-steps >= 1");
+  if (cfg.bucketMb <= 0) return invalidArgument("--bucket-mb must be positive (got {})", cfg.bucketMb);
+  if ((cfg.sync == SyncMode::kDdp || cfg.sync == SyncMode::kHybrid) && cfg.wire == Wire::kInt8)
+    return invalidArgument("--wire int8 is for the DiLoCo outer step; ddp and hybrid gradients take f32 or bf16");
+  if (!(cfg.lr > 0)) return invalidArgument("--lr must be positive (got {})", cfg.lr);
+  return Status();
 }
 
 Result<TrainSummary> train(const TrainConfig& config, const TrainContext& ctx) {

@@ -88,13 +88,21 @@ struct TrainSummary {
 };
 
 // Everything a rank needs from its launcher. comm is null for a world of one; store is the
-// rendezvous store (hybrid creates its region communicators through it).
+// rendezvous store (hybrid creates its region communicators through it). `external`, when
+// set instead of comm, carries the sync over another library (comparisons; no hybrid, no
+// transport byte counts).
 struct TrainContext {
   kernels::Backend* backend = nullptr;
   collectives::Communicator* comm = nullptr;
+  SyncComm* external = nullptr;
   collectives::Store* store = nullptr;
   collectives::CommOptions commOptions;  // for the region communicators
 };
+
+// The checks that need no data and no peers (batch divisible by the world size, option
+// ranges, wire format against the sync mode): kInvalidArgument naming the option. Launchers
+// call it before joining the job, so a bad option fails every rank the same way at once.
+Status checkConfig(const TrainConfig& config, int worldSize);
 
 // Runs the whole training; errors (bad data, a broken communicator, a checkpoint that does
 // not match the configuration) come back as a Status.

@@ -1,0 +1,40 @@
+# Sourced by the lab benchmarks (lab_compare.sh, train_bench.sh): one OpenMPI rank per lab
+# node. mpirun runs inside the first node's namespace (so its out-of-band address is
+# reachable from every node) with a hostfile of node names and plm_rsh_agent set to a tiny
+# script that runs the daemon's command line in the named node's namespace
+# (`ip netns exec <lab>-<node> sh -c`) instead of ssh; plm_rsh_no_tree_spawn keeps every
+# launch on mpirun's side. The TCP BTL and the out-of-band channel are limited to
+# 198.18.0.0/16, so MPI stripes over every plane as it would over several NICs, and its
+# default algorithm choice stands (what a user gets). The ranks oversubscribe the machine's
+# cores, which OpenMPI cannot see through the namespaces (one slot per "host"), so
+# mpi_yield_when_idle is set as it would set it itself: its ranks otherwise spin and starve
+# the lab's emulator thread.
+
+# mpi_lab_nodes LAB_NAME LAB_COMMAND...: the lab's node names in rank order (the rows of
+# `status` whose namespace is <lab>-<node>), one per line.
+mpi_lab_nodes() {
+  local name=$1
+  shift
+  "$@" status | awk -v p="$name-" 'index($3, p) == 1 {print $1}'
+}
+
+# mpi_lab_prepare LAB_NAME DIR NODE...: writes DIR/mpi-hosts and DIR/netns-rsh and sets
+# MPI_LAB_ARGS to the mpirun command line (append the program and its arguments), to be run
+# with `meridian-lab run NODE1 -- "${MPI_LAB_ARGS[@]}" PROGRAM ...`.
+mpi_lab_prepare() {
+  local name=$1 dir=$2
+  shift 2
+  printf '%s slots=1\n' "$@" > "$dir/mpi-hosts"
+  cat > "$dir/netns-rsh" <<RSH
+#!/bin/sh
+# plm_rsh_agent for mpirun: "HOST CMD..." runs CMD in the lab namespace of node HOST.
+host=\$1
+shift
+exec ip netns exec "$name-\$host" /bin/sh -c "\$*"
+RSH
+  chmod +x "$dir/netns-rsh"
+  MPI_LAB_ARGS=(mpirun --allow-run-as-root -np "$#" --hostfile "$dir/mpi-hosts"
+                --mca plm_rsh_agent "$dir/netns-rsh" --mca plm_rsh_no_tree_spawn 1 --bind-to none
+                --mca mpi_yield_when_idle 1 --mca pml ob1 --mca btl tcp,self
+                --mca btl_tcp_if_include 198.18.0.0/16 --mca oob_tcp_if_include 198.18.0.0/16)
+}

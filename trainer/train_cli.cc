@@ -1,0 +1,241 @@
+#include "trainer/train_cli.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "collectives/communicator.h"
+#include "collectives/launch_env.h"
+#include "core/knobs.h"
+#include "core/local_launch.h"
+#include "core/log.h"
+#include "kernels/backend.h"
+#include "trainer/trainer.h"
+
+namespace meridian::trainer {
+namespace {
+
+struct Args {
+  int ranks = 0;
+  std::string device = "auto";
+  std::string sync = "ddp";
+  std::string model = "784-1024-1024-10";
+  std::string activation = "relu";
+  std::string optimizer = "adamw";
+  std::string wire = "f32";
+  std::string jsonPath;
+  std::string regions;
+  int blasThreads = 1;
+};
+
+std::string human(double bytes) {
+  const char* units[] = {"B", "KB", "MB", "GB", "TB"};
+  int u = 0;
+  while (bytes >= 1000 && u < 4) bytes /= 1000, ++u;
+  return fmt::format("{:.1f} {}", bytes, units[u]);
+}
+
+void printSummary(const TrainConfig& cfg, const TrainSummary& s, const std::string& backend) {
+  const double commShare = s.computeSec + s.exposedCommSec > 0 ? s.exposedCommSec / (s.computeSec + s.exposedCommSec) : 0;
+  const double speedup = s.oneRankSamplesPerSec > 0 ? s.samplesPerSec / s.oneRankSamplesPerSec : 0;
+  fmt::print("\n== meridian-train summary ==\n");
+  fmt::print("  test accuracy      {:.2f}%  (test loss {:.4f}, last train loss {:.4f})\n", 100 * s.testAccuracy, s.testLoss,
+             s.trainLoss);
+  fmt::print("  steps              {} this run, {} in all; sync {}, {} ranks, {}, backend {}\n", s.steps, s.finalStep,
+             toString(cfg.sync), s.worldSize,
+             s.regionCount > 0 ? fmt::format("{} regions", s.regionCount) : std::string("regions unknown"), backend);
+  fmt::print("  wall time          {:.1f} s, {:.0f} samples/s\n", s.wallSec, s.samplesPerSec);
+  fmt::print("  step time          compute {:.1f} ms, exposed communication {:.1f} ms ({:.0f}% of the step)\n",
+             s.steps > 0 ? 1e3 * s.computeSec / static_cast<double>(s.steps) : 0,
+             s.steps > 0 ? 1e3 * s.exposedCommSec / static_cast<double>(s.steps) : 0, 100 * commShare);
+  fmt::print("  speedup vs 1 rank  {:.2f}x on {} ranks (one rank alone, measured before training: {:.0f} samples/s)\n",
+             speedup, s.worldSize, s.oneRankSamplesPerSec);
+  fmt::print("  bytes sent         {} in all, {} across regions; sync payload {} ({} on the wire)\n",
+             human(static_cast<double>(s.worldBytesSent)), human(static_cast<double>(s.worldBytesCrossRegion)),
+             human(static_cast<double>(s.worldPayloadBytes)), toString(cfg.wire));
+  if (cfg.targetAccuracy > 0) {
+    if (s.timeToTargetSec >= 0)
+      fmt::print("  time to {:.1f}%      {:.1f} s\n", 100 * cfg.targetAccuracy, s.timeToTargetSec);
+    else
+      fmt::print("  time to {:.1f}%      not reached\n", 100 * cfg.targetAccuracy);
+  }
+  std::fflush(stdout);
+}
+
+void writeJson(const std::string& path, const TrainConfig& cfg, const TrainSummary& s, const std::string& backend) {
+  nlohmann::json j{{"sync", toString(cfg.sync)},
+                   {"ranks", s.worldSize},
+                   {"regions", s.regionCount},
+                   {"backend", backend},
+                   {"steps", s.steps},
+                   {"final_step", s.finalStep},
+                   {"wall_s", s.wallSec},
+                   {"compute_s", s.computeSec},
+                   {"exposed_comm_s", s.exposedCommSec},
+                   {"samples_per_s", s.samplesPerSec},
+                   {"one_rank_samples_per_s", s.oneRankSamplesPerSec},
+                   {"test_accuracy", s.testAccuracy},
+                   {"test_loss", s.testLoss},
+                   {"time_to_target_s", s.timeToTargetSec},
+                   {"target_accuracy", cfg.targetAccuracy},
+                   {"bytes_sent", s.worldBytesSent},
+                   {"bytes_cross_region", s.worldBytesCrossRegion},
+                   {"payload_bytes", s.worldPayloadBytes},
+                   {"wire", toString(cfg.wire)},
+                   {"inner_steps", cfg.innerSteps},
+                   {"batch", cfg.globalBatch}};
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  if (!out) std::fprintf(stderr, "meridian-train: could not write %s\n", path.c_str());
+}
+
+int runRank(const TrainConfig& cfg, const Args& a, SyncComm* external) {
+  // The backend first: a bad --device fails before anyone waits at the store.
+  std::unique_ptr<kernels::Backend> backend;
+  if (a.device == "cuda" || (a.device == "auto" && kernels::cudaAvailable())) {
+    auto b = kernels::makeCudaBackend(0);
+    if (!b.isOk()) {
+      std::fprintf(stderr, "meridian-train: --device %s: %s\n", a.device.c_str(), b.status().message().c_str());
+      return 2;
+    }
+    backend = std::move(b).value();
+  } else if (a.device == "cpu" || a.device == "auto") {
+    backend = kernels::makeCpuBackend(a.blasThreads);
+  } else {
+    std::fprintf(stderr, "meridian-train: --device '%s': expected cpu, cuda or auto\n", a.device.c_str());
+    return 2;
+  }
+  TrainContext ctx;
+  ctx.backend = backend.get();
+  ctx.external = external;
+  collectives::LaunchInfo launch;
+  if (external != nullptr) {
+    launch.rank = external->rank();
+    launch.worldSize = external->size();
+  } else {
+    auto info = collectives::detectLaunch();
+    if (!info.isOk()) {
+      std::fprintf(stderr, "meridian-train: %s\n", info.status().message().c_str());
+      return 2;
+    }
+    launch = *info;
+  }
+  const collectives::LaunchInfo* info = &launch;
+  log::setRank(info->rank);
+  if (Status st = checkConfig(cfg, info->worldSize); !st.isOk()) {
+    std::fprintf(stderr, "meridian-train rank %d: %s\n", info->rank, st.message().c_str());
+    return 2;
+  }
+  std::unique_ptr<collectives::Communicator> comm;
+  if (external == nullptr && info->worldSize > 1) {
+    auto c = collectives::Communicator::createFromEnvironment(ctx.commOptions);
+    if (!c.isOk()) {
+      std::fprintf(stderr, "meridian-train rank %d: could not join the job: %s\n", info->rank,
+                   c.status().toString().c_str());
+      return 1;
+    }
+    comm = std::move(c).value();
+    ctx.comm = comm.get();
+    ctx.store = comm->store();
+  }
+  auto result = train(cfg, ctx);
+  if (!result.isOk()) {
+    std::fprintf(stderr, "meridian-train rank %d: %s\n", info->rank, result.status().toString().c_str());
+    return result.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  if (info->rank == 0) {
+    printSummary(cfg, *result, backend->describe());
+    if (!a.jsonPath.empty()) writeJson(a.jsonPath, cfg, *result, backend->describe());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int trainCli(int argc, char** argv, SyncComm* external) {
+  Args a;
+  TrainConfig cfg;
+  CLI::App app{external == nullptr ? "meridian-train: data-parallel Fashion-MNIST training over Meridian"
+                                    : "the meridian-train loop with its sync over another library (comparisons)"};
+  if (external == nullptr) {
+    app.add_option("--ranks,-N", a.ranks, "Start this many local ranks (else: one rank from the launcher's environment)");
+    app.add_option("--regions", a.regions,
+                   "With --ranks: each rank's MERIDIAN_REGION, comma-separated (e.g. eu,eu,us,us)");
+  }
+  app.add_option("--device", a.device, "cpu, cuda or auto (cuda when a GPU is visible)");
+  app.add_option("--sync", a.sync, "ddp, diloco, hybrid or none");
+  app.add_option("--model", a.model, "MLP widths, input to classes");
+  app.add_option("--activation", a.activation, "relu or gelu");
+  app.add_option("--optimizer", a.optimizer, "Inner optimizer: adamw or sgd (diloco: always adamw)");
+  app.add_option("--lr", cfg.lr, "Inner learning rate");
+  app.add_option("--momentum", cfg.momentum, "SGD momentum");
+  app.add_option("--weight-decay", cfg.weightDecay, "SGD: L2; AdamW: decoupled weight decay");
+  app.add_option("--batch", cfg.globalBatch, "Global batch (split evenly over the ranks)");
+  app.add_option("--epochs", cfg.epochs, "Epochs over the training set");
+  app.add_option("--max-steps", cfg.maxSteps, "Stop after this many steps (0: run the epochs)");
+  app.add_option("--inner-steps,-H", cfg.innerSteps, "diloco/hybrid: local steps between outer syncs");
+  app.add_option("--outer-lr", cfg.outer.lr, "diloco/hybrid: outer Nesterov learning rate");
+  app.add_option("--outer-momentum", cfg.outer.momentum, "diloco/hybrid: outer Nesterov momentum");
+  app.add_option("--wire", a.wire, "Sync payload on the wire: f32, bf16 (all modes) or int8 (diloco)");
+  app.add_option("--bucket-mb", cfg.bucketMb, "ddp/hybrid: gradient bucket size in MiB");
+  app.add_option("--seed", cfg.seed, "Seed of the initial weights and the data order");
+  app.add_option("--data-dir", cfg.dataDir, "Fashion-MNIST IDX files (default: Debian's dataset-fashion-mnist)");
+  app.add_option("--checkpoint-dir", cfg.checkpointDir, "Write checkpoints here (one folder per rank)");
+  app.add_option("--checkpoint-every", cfg.checkpointEvery, "Steps between checkpoints (0: at the end only)");
+  app.add_flag("--resume", cfg.resume, "Continue from the newest checkpoint every rank holds");
+  app.add_option("--log-every", cfg.logEvery, "Steps between progress lines")->check(CLI::PositiveNumber);
+  app.add_option("--eval-every", cfg.evalEvery, "Steps between test evaluations (0: every epoch)");
+  app.add_option("--target-accuracy", cfg.targetAccuracy, "Report the time to this test accuracy (0..1)");
+  app.add_option("--json", a.jsonPath, "Write the summary as JSON here (rank 0)");
+  app.add_option("--blas-threads", a.blasThreads, "OpenBLAS threads per rank (cpu)");
+  app.add_flag("--quiet", cfg.quiet, "No progress lines");
+  CLI11_PARSE(app, argc, argv);
+
+  auto fail = [](const Status& st) {
+    std::fprintf(stderr, "meridian-train: %s\n", st.message().c_str());
+    return 2;
+  };
+  auto widths = parseWidths(a.model);
+  if (!widths.isOk()) return fail(widths.status());
+  cfg.model.widths = *widths;
+  if (a.activation == "relu") cfg.model.activation = kernels::Activation::kRelu;
+  else if (a.activation == "gelu") cfg.model.activation = kernels::Activation::kGelu;
+  else return fail(invalidArgument("--activation '{}': expected relu or gelu", a.activation));
+  auto sync = parseSyncMode(a.sync);
+  if (!sync.isOk()) return fail(sync.status());
+  cfg.sync = *sync;
+  auto opt = parseOptimizer(a.optimizer);
+  if (!opt.isOk()) return fail(opt.status());
+  cfg.optimizer = *opt;
+  auto wire = parseWire(a.wire);
+  if (!wire.isOk()) return fail(wire.status());
+  cfg.wire = *wire;
+
+  try {
+    if (a.ranks > 0) {
+      LocalLaunchOptions lo;
+      lo.ranks = a.ranks;
+      lo.argv = relaunchArgv(argc, argv, {"--ranks", "-N", "--regions"});
+      if (!a.regions.empty()) {
+        const std::vector<std::string> names = splitCommaList(a.regions);
+        if (names.size() != static_cast<std::size_t>(a.ranks))
+          return fail(invalidArgument("--regions names {} regions for {} ranks", names.size(), a.ranks));
+        lo.rankEnv = [names](int rank) {
+          return std::vector<std::pair<std::string, std::string>>{{"MERIDIAN_REGION", names[static_cast<std::size_t>(rank)]}};
+        };
+      }
+      return launchLocalRanks(lo);
+    }
+    return runRank(cfg, a, external);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "meridian-train: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace meridian::trainer
