@@ -20,6 +20,11 @@ endif()
 add_library(OpenBLAS::OpenBLAS INTERFACE IMPORTED)
 target_include_directories(OpenBLAS::OpenBLAS SYSTEM INTERFACE ${OPENBLAS_INCLUDE_DIR})
 target_link_libraries(OpenBLAS::OpenBLAS INTERFACE ${OPENBLAS_LIBRARY})
+# prometheus-cpp: the monitoring layer's HTTP exposer (civetweb) and text format.
+find_package(prometheus-cpp CONFIG QUIET)  # prometheus-cpp-dev
+if(NOT prometheus-cpp_FOUND OR NOT TARGET prometheus-cpp::pull)
+  message(FATAL_ERROR "prometheus-cpp not found: apt-get install prometheus-cpp-dev")
+endif()
 find_package(CLI11 CONFIG QUIET)      # libcli11-dev
 if(NOT CLI11_FOUND)
   find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp)

@@ -61,6 +61,9 @@
   X(kReplanIntervalMs, "MERIDIAN_REPLAN_INTERVAL_MS", Int, "5000",                                 \
     "Least time between two collective re-plans by rank 0, in milliseconds.")                      \
   X(kChaosReplanMs, "MERIDIAN_CHAOS_REPLAN_MS", Int, "0",                                          \
-    "Testing: rank 0 forces a random valid plan this often, in milliseconds (0: never).")
+    "Testing: rank 0 forces a random valid plan this often, in milliseconds (0: never).")         \
+  X(kMetricsAddr, "MERIDIAN_METRICS_ADDR", String, "",                                             \
+    "host:port where every rank serves Prometheus metrics on /metrics; unset: 127.0.0.1 and "      \
+    "port 9400 plus the local rank; 0: off.")
 
 namespace meridian {}  // keeps this header a valid translation unit on its own

@@ -51,6 +51,19 @@ bool validName(const std::string& n) {
   }
   return true;
 }
+
+// Sorts `labels` by key after checking each name is valid and appears once.
+void checkLabelSet(MetricLabels& labels, const char* what) {
+  for (const auto& [k, v] : labels) MERIDIAN_CHECK_MSG(validName(k), "invalid label name '{}' in {}", k, what);
+  std::sort(labels.begin(), labels.end());
+  auto twice = std::adjacent_find(labels.begin(), labels.end(),
+                                  [](const auto& a, const auto& b) { return a.first == b.first; });
+  MERIDIAN_CHECK_MSG(twice == labels.end(), "label '{}' given twice in {}", twice->first, what);
+}
+
+bool hasKey(const MetricLabels& labels, const std::string& key) {
+  return std::any_of(labels.begin(), labels.end(), [&](const auto& kv) { return kv.first == key; });
+}
 }  // namespace
 
 MetricsRegistry::Family& MetricsRegistry::family(const std::string& name, const std::string& help,
@@ -96,6 +109,36 @@ Histogram& MetricsRegistry::histogram(const std::string& name, const std::string
   return *slot;
 }
 
+void MetricsRegistry::setConstLabels(MetricLabels labels) {
+  checkLabelSet(labels, "const labels");
+  std::lock_guard lock(mu_);
+  constLabels_ = std::move(labels);
+}
+
+void MetricsRegistry::annotate(std::string key, std::string value, MetricLabels extra) {
+  MERIDIAN_CHECK_MSG(validName(key), "invalid label name '{}' to annotate", key);
+  checkLabelSet(extra, "an annotation");
+  std::lock_guard lock(mu_);
+  annotations_[{std::move(key), std::move(value)}] = std::move(extra);
+}
+
+MetricLabels MetricsRegistry::decorated(const MetricLabels& own) const {
+  if (constLabels_.empty() && annotations_.empty()) return own;
+  MetricLabels out = own;
+  auto addMissing = [&out](const MetricLabels& extra) {
+    for (const auto& kv : extra) {
+      if (!hasKey(out, kv.first)) out.push_back(kv);
+    }
+  };
+  for (const auto& kv : own) {
+    auto it = annotations_.find(kv);
+    if (it != annotations_.end()) addMissing(it->second);
+  }
+  addMissing(constLabels_);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 std::vector<MetricFamilySnapshot> MetricsRegistry::snapshot() const {
   std::lock_guard lock(mu_);
   std::vector<MetricFamilySnapshot> out;
@@ -107,19 +150,19 @@ std::vector<MetricFamilySnapshot> MetricsRegistry::snapshot() const {
     s.type = f.type;
     for (const auto& [labels, c] : f.counters) {
       MetricSample m;
-      m.labels = labels;
+      m.labels = decorated(labels);
       m.value = static_cast<double>(c->value());
       s.samples.push_back(std::move(m));
     }
     for (const auto& [labels, g] : f.gauges) {
       MetricSample m;
-      m.labels = labels;
+      m.labels = decorated(labels);
       m.value = g->value();
       s.samples.push_back(std::move(m));
     }
     for (const auto& [labels, h] : f.histograms) {
       MetricSample m;
-      m.labels = labels;
+      m.labels = decorated(labels);
       m.upperBounds = h->upperBounds();
       m.buckets = h->bucketCounts();
       m.count = h->count();

@@ -84,6 +84,17 @@ class MetricsRegistry {
   Histogram& histogram(const std::string& name, const std::string& help, MetricLabels labels,
                        std::vector<double> upperBounds);
 
+  // Labels added to every sample of every family in snapshot() (e.g. rank, region); a
+  // sample's own label with the same key wins. Replaces the previous const labels.
+  // Throws CheckError on an invalid or repeated label name.
+  void setConstLabels(MetricLabels labels);
+  // Every sample whose own labels include key=value also gets `extra` in snapshot(), e.g.
+  // annotate("peer", "3", {{"peer_region", "virginia"}}). Calling again for the same
+  // key=value replaces its extra labels. The sample's own labels win over annotations,
+  // annotations over const labels. Throws CheckError on an invalid or repeated label name.
+  void annotate(std::string key, std::string value, MetricLabels extra);
+
+  // Every family by name, samples with their labels (own, annotations, const) sorted by key.
   std::vector<MetricFamilySnapshot> snapshot() const;
 
  private:
@@ -95,9 +106,13 @@ class MetricsRegistry {
     std::map<MetricLabels, std::unique_ptr<Histogram>> histograms;
   };
   Family& family(const std::string& name, const std::string& help, MetricType type, MetricLabels& labels);
+  // A sample's labels as snapshot() shows them (caller holds mu_).
+  MetricLabels decorated(const MetricLabels& own) const;
 
   mutable std::mutex mu_;
   std::map<std::string, Family> families_;
+  MetricLabels constLabels_;
+  std::map<std::pair<std::string, std::string>, MetricLabels> annotations_;  // (key, value) -> extra
 };
 
 // Exponential bucket bounds: start, start*factor, ... (count of them).

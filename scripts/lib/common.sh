@@ -16,6 +16,7 @@ MERIDIAN_PACKAGES=(
   clang libclang-rt-14-dev
   iproute2 libyaml-cpp-dev iperf3 iputils-ping
   libopenblas-dev zlib1g-dev dataset-fashion-mnist
+  prometheus-cpp-dev prometheus gnuplot-nox
 )
 
 say() { printf '\033[1m[meridian]\033[0m %s\n' "$*" >&2; }

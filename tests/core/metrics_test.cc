@@ -1,7 +1,9 @@
 // The metrics registry: identity by name and labels, types, histograms, concurrency.
 #include <gtest/gtest.h>
 
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/check.h"
@@ -84,6 +86,71 @@ TEST(MetricsTest, SnapshotListsFamiliesWithSamples) {
   EXPECT_EQ(snap[0].samples[0].value, 2.0);
   EXPECT_EQ(snap[0].samples[0].labels[0].second, "v");
   EXPECT_EQ(snap[1].samples[0].value, 7.0);
+}
+
+TEST(MetricsTest, ConstLabelsGoOnEverySampleButASamplesOwnLabelWins) {
+  MetricsRegistry r;
+  r.counter("meridian_test_a_total", "a", {{"peer", "1"}}).add();
+  r.gauge("meridian_test_b", "b", {{"rank", "7"}}).set(1);
+  r.histogram("meridian_test_c_seconds", "c", {}, {1.0}).observe(0.5);
+  r.setConstLabels({{"region", "london"}, {"rank", "0"}});
+  auto snap = r.snapshot();
+  ASSERT_EQ(snap.size(), 3u);
+  EXPECT_EQ(snap[0].samples[0].labels, (MetricLabels{{"peer", "1"}, {"rank", "0"}, {"region", "london"}}));
+  EXPECT_EQ(snap[1].samples[0].labels, (MetricLabels{{"rank", "7"}, {"region", "london"}}));
+  EXPECT_EQ(snap[2].samples[0].labels, (MetricLabels{{"rank", "0"}, {"region", "london"}}));
+  r.setConstLabels({});  // replaces
+  EXPECT_EQ(r.snapshot()[0].samples[0].labels, (MetricLabels{{"peer", "1"}}));
+}
+
+TEST(MetricsTest, AnnotationsExtendMatchingSamples) {
+  MetricsRegistry r;
+  r.counter("meridian_test_sent_bytes_total", "s", {{"peer", "3"}, {"path", "0"}}).add();
+  r.counter("meridian_test_sent_bytes_total", "s", {{"peer", "4"}, {"path", "1"}}).add();
+  r.gauge("meridian_test_rtt_seconds", "rtt", {{"peer", "3"}, {"peer_region", "mine"}}).set(1);
+  r.setConstLabels({{"plane", "const"}, {"rank", "0"}});
+  r.annotate("peer", "3", {{"peer_region", "virginia"}});
+  r.annotate("path", "0", {{"plane", "wan-a"}});
+  r.annotate("path", "9", {{"plane", "unused"}});
+  auto snap = r.snapshot();
+  ASSERT_EQ(snap.size(), 2u);
+  ASSERT_EQ(snap[0].samples.size(), 2u);
+  EXPECT_EQ(snap[0].samples[0].labels,
+            (MetricLabels{{"path", "0"}, {"peer", "3"}, {"peer_region", "virginia"}, {"plane", "wan-a"}, {"rank", "0"}}));
+  EXPECT_EQ(snap[0].samples[1].labels, (MetricLabels{{"path", "1"}, {"peer", "4"}, {"plane", "const"}, {"rank", "0"}}));
+  // The sample's own peer_region wins over the annotation.
+  EXPECT_EQ(snap[1].samples[0].labels,
+            (MetricLabels{{"peer", "3"}, {"peer_region", "mine"}, {"plane", "const"}, {"rank", "0"}}));
+  r.annotate("peer", "3", {{"peer_region", "oregon"}});  // replaces
+  EXPECT_EQ(r.snapshot()[0].samples[0].labels[2], (std::pair<std::string, std::string>{"peer_region", "oregon"}));
+}
+
+TEST(MetricsTest, BadConstLabelsAndAnnotationsThrow) {
+  MetricsRegistry r;
+  EXPECT_THROW(r.setConstLabels({{"bad-name", "x"}}), CheckError);
+  EXPECT_THROW(r.setConstLabels({{"rank", "0"}, {"rank", "1"}}), CheckError);
+  EXPECT_THROW(r.annotate("", "3", {{"peer_region", "x"}}), CheckError);
+  EXPECT_THROW(r.annotate("peer", "3", {{"9x", "x"}}), CheckError);
+  EXPECT_TRUE(r.snapshot().empty());
+}
+
+TEST(MetricsTest, LabelHooksAreThreadSafe) {
+  MetricsRegistry r;
+  r.counter("meridian_test_a_total", "a", {{"peer", "1"}}).add();
+  std::thread writer([&] {
+    for (int i = 0; i < 2000; ++i) {
+      r.setConstLabels({{"rank", std::to_string(i)}});
+      r.annotate("peer", "1", {{"peer_region", std::to_string(i)}});
+    }
+  });
+  for (int i = 0; i < 2000; ++i) {
+    auto snap = r.snapshot();
+    ASSERT_EQ(snap.size(), 1u);
+    EXPECT_GE(snap[0].samples[0].labels.size(), 1u);
+  }
+  writer.join();
+  EXPECT_EQ(r.snapshot()[0].samples[0].labels,
+            (MetricLabels{{"peer", "1"}, {"peer_region", "1999"}, {"rank", "1999"}}));
 }
 
 }  // namespace

@@ -1,0 +1,145 @@
+// The exporter: address parsing, the registry as a prometheus Collectable, the exposer.
+#include "monitoring/exporter.h"
+
+#include <arpa/inet.h>
+
+#include <cstdint>
+#include <exception>
+#include <utility>
+#include <vector>
+
+#include <prometheus/collectable.h>
+#include <prometheus/exposer.h>
+
+#include "core/knobs.h"
+#include "core/log.h"
+
+namespace meridian::monitoring {
+
+namespace {
+
+struct ListenAddress {
+  std::string ip;  // dotted quad, as civetweb takes it
+  int port = 0;
+  std::string toString() const { return fmt::format("{}:{}", ip, port); }
+};
+
+// "host:port" with host an IPv4 dotted quad, "localhost", "*" or "0.0.0.0". The error
+// says what is wrong, without repeating `text` (callers add it with their context).
+Result<ListenAddress> parseListenAddress(const std::string& text, bool allowPortZero) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos) return invalidArgument("expected host:port");
+  const std::string host = text.substr(0, colon);
+  const std::string portText = text.substr(colon + 1);
+  ListenAddress a;
+  if (host == "localhost") {
+    a.ip = "127.0.0.1";
+  } else if (host == "*" || host == "0.0.0.0") {
+    a.ip = "0.0.0.0";
+  } else {
+    in_addr parsed{};
+    if (host.empty() || ::inet_pton(AF_INET, host.c_str(), &parsed) != 1) {
+      return invalidArgument("host '{}' is not an IPv4 address, localhost or *", host);
+    }
+    a.ip = host;
+  }
+  if (portText.empty() || portText.size() > 5 ||
+      portText.find_first_not_of("0123456789") != std::string::npos) {
+    return invalidArgument("port '{}' is not a number in 1..65535", portText);
+  }
+  a.port = std::stoi(portText);
+  if (a.port > 65535 || (a.port == 0 && !allowPortZero)) {
+    return invalidArgument("port {} is out of range 1..65535", a.port);
+  }
+  return a;
+}
+
+// Every scrape snapshots the registry afresh.
+class RegistryCollectable final : public prometheus::Collectable {
+ public:
+  explicit RegistryCollectable(const MetricsRegistry& registry) : registry_(registry) {}
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    try {
+      return toPrometheusFamilies(registry_.snapshot());
+    } catch (const std::exception& e) {  // never let an exception into civetweb's thread
+      MLOG_WARN(kMonitoring, "metrics scrape failed: {}", e.what());
+      return {};
+    }
+  }
+
+ private:
+  const MetricsRegistry& registry_;
+};
+
+}  // namespace
+
+Result<std::optional<std::string>> metricsAddressFromEnv(int localRank) {
+  const std::string value = knobString(knobs::kMetricsAddr);
+  if (value.empty()) {
+    const std::int64_t port = kDefaultMetricsPort + std::int64_t{localRank < 0 ? 0 : localRank};
+    if (port > 65535) {
+      return invalidArgument("{} is unset and local rank {} puts the default port past 65535: set it", knobs::kMetricsAddr.name,
+                             localRank);
+    }
+    return std::optional<std::string>(fmt::format("127.0.0.1:{}", port));
+  }
+  if (value == "0") return std::optional<std::string>();
+  auto parsed = parseListenAddress(value, /*allowPortZero=*/false);
+  if (!parsed) {
+    return invalidArgument("{}='{}': {} (want host:port, or 0 for off)", knobs::kMetricsAddr.name, value,
+                           parsed.status().message());
+  }
+  return std::optional<std::string>(value);
+}
+
+MetricsExporter::MetricsExporter(std::shared_ptr<prometheus::Collectable> collectable,
+                                 std::unique_ptr<prometheus::Exposer> exposer, std::string endpoint)
+    : collectable_(std::move(collectable)), exposer_(std::move(exposer)), endpoint_(std::move(endpoint)) {}
+
+MetricsExporter::~MetricsExporter() = default;  // stops the server (joining its threads) first
+
+Result<std::unique_ptr<MetricsExporter>> MetricsExporter::start(const std::string& address, MetricsRegistry& registry) {
+  auto where = parseListenAddress(address, /*allowPortZero=*/true);
+  if (!where) return invalidArgument("metrics address {}: {}", address, where.status().message());
+  auto collectable = std::make_shared<RegistryCollectable>(registry);
+  std::unique_ptr<prometheus::Exposer> exposer;
+  try {
+    exposer = std::make_unique<prometheus::Exposer>(
+        std::vector<std::string>{"listening_ports", where->toString(), "num_threads", "2"});
+  } catch (const std::exception& e) {  // civetweb's CivetException (a runtime_error) when it cannot bind
+    return invalidArgument("metrics address {}: cannot listen ({})", address, e.what());
+  }
+  exposer->RegisterCollectable(collectable);
+  const std::vector<int> ports = exposer->GetListeningPorts();
+  if (ports.empty() || ports.front() <= 0) {
+    return invalidArgument("metrics address {}: the server reports no listening port", address);
+  }
+  std::string endpoint = fmt::format("{}:{}", where->ip, ports.front());
+  return std::unique_ptr<MetricsExporter>(new MetricsExporter(std::move(collectable), std::move(exposer), std::move(endpoint)));
+}
+
+std::unique_ptr<MetricsExporter> startExporterFromEnv(int localRank) {
+  try {
+    auto address = metricsAddressFromEnv(localRank);
+    if (!address) {
+      MLOG_WARN(kMonitoring, "metrics off: {}", address.status().message());
+      return nullptr;
+    }
+    if (!address.value()) {
+      MLOG_DEBUG(kMonitoring, "metrics off: {}=0", knobs::kMetricsAddr.name);
+      return nullptr;
+    }
+    auto exporter = MetricsExporter::start(*address.value());
+    if (!exporter) {
+      MLOG_WARN(kMonitoring, "metrics off: {}", exporter.status().message());
+      return nullptr;
+    }
+    MLOG_INFO(kMonitoring, "metrics on http://{}/metrics", exporter.value()->endpoint());
+    return std::move(exporter).value();
+  } catch (const std::exception& e) {
+    MLOG_WARN(kMonitoring, "metrics off: {}", e.what());
+    return nullptr;
+  }
+}
+
+}  // namespace meridian::monitoring

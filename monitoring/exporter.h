@@ -1,0 +1,59 @@
+// Every rank serves Meridian's metrics registry on http://<address>/metrics through
+// prometheus-cpp's exposer (civetweb); each scrape snapshots the registry afresh.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "core/metrics.h"
+#include "core/status.h"
+#include "monitoring/exposition.h"
+
+namespace prometheus {
+class Collectable;
+class Exposer;
+}  // namespace prometheus
+
+namespace meridian::monitoring {
+
+// The first port of the default address; local rank r listens on kDefaultMetricsPort + r.
+inline constexpr int kDefaultMetricsPort = 9400;
+
+// MERIDIAN_METRICS_ADDR resolved: unset or empty -> "127.0.0.1:<9400 + max(localRank, 0)>";
+// "0" -> std::nullopt (metrics off); "host:port" validated (host an IPv4 dotted quad,
+// "localhost", "*" or "0.0.0.0"; port 1..65535), else kInvalidArgument naming the
+// variable and the value.
+Result<std::optional<std::string>> metricsAddressFromEnv(int localRank);
+
+class MetricsExporter {
+ public:
+  // Serves `registry` (which must outlive the exporter) on http://address/metrics.
+  // address: host:port as for MERIDIAN_METRICS_ADDR, where port 0 lets the kernel choose.
+  // A bad address or one that cannot be bound (port in use) -> kInvalidArgument
+  // "metrics address <address>: <reason>".
+  static Result<std::unique_ptr<MetricsExporter>> start(const std::string& address,
+                                                        MetricsRegistry& registry = MetricsRegistry::global());
+  ~MetricsExporter();
+  MetricsExporter(const MetricsExporter&) = delete;
+  MetricsExporter& operator=(const MetricsExporter&) = delete;
+
+  // "ip:port" actually bound (the chosen port when started on port 0).
+  std::string endpoint() const { return endpoint_; }
+
+ private:
+  MetricsExporter(std::shared_ptr<prometheus::Collectable> collectable, std::unique_ptr<prometheus::Exposer> exposer,
+                  std::string endpoint);
+
+  std::shared_ptr<prometheus::Collectable> collectable_;  // declared first: outlives the server
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::string endpoint_;
+};
+
+// For executables: resolves MERIDIAN_METRICS_ADDR and starts an exporter of the global
+// registry. Any failure logs one WARN "metrics off: <reason>" and returns nullptr (a
+// metrics problem never stops training); success logs INFO "metrics on
+// http://<endpoint>/metrics". Also nullptr when MERIDIAN_METRICS_ADDR=0.
+std::unique_ptr<MetricsExporter> startExporterFromEnv(int localRank);
+
+}  // namespace meridian::monitoring
