@@ -53,11 +53,11 @@ std::vector<BenchOp> parseOps(const std::string& list) {
 }
 
 double busBandwidthFactor(BenchOp op, int ranks) {
-  double n = ranks;
+  using Op = collectives::Communicator::OpKind;
   switch (op) {
-    case BenchOp::kAllreduce: return 2.0 * (n - 1) / n;
-    case BenchOp::kReduceScatter:
-    case BenchOp::kAllgather: return (n - 1) / n;
+    case BenchOp::kAllreduce: return collectives::busBandwidthFactor(Op::kAllreduce, ranks);
+    case BenchOp::kReduceScatter: return collectives::busBandwidthFactor(Op::kReduceScatter, ranks);
+    case BenchOp::kAllgather: return collectives::busBandwidthFactor(Op::kAllgather, ranks);
     default: return 1.0;
   }
 }

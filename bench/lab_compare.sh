@@ -18,7 +18,7 @@
 #    stripes over both planes (MERIDIAN_PATHS); Gloo's TCP transport binds to one address, the
 #    node's wan-a one, and the ranks meet through a gloo FileStore in a fresh directory under
 #    this script's temporary folder (the namespaces share the filesystem).
-#  - OpenMPI (bench/lab/mpi_in_lab.sh): mpirun runs inside london-1's namespace (so its out-of-band address is reachable
+#  - OpenMPI (bench/lab/common.sh): mpirun runs inside london-1's namespace (so its out-of-band address is reachable
 #    from every node) with a hostfile of node names and plm_rsh_agent set to a tiny script that
 #    runs the daemon's command line in the named node's namespace (`ip netns exec hb-<node> sh -c`)
 #    instead of ssh; plm_rsh_no_tree_spawn keeps every launch on mpirun's side. The TCP BTL and
@@ -32,7 +32,7 @@
 # most of it OpenMPI and Gloo on the congested link)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-source "$root/bench/lab/mpi_in_lab.sh"
+source "$root/bench/lab/common.sh"
 build=${1:-$root/build}
 labName=hb
 lab=("$build/lab/meridian-lab" --lab "$labName")
@@ -69,12 +69,7 @@ loadBefore=$(cut -d' ' -f1-3 /proc/loadavg)
 
 "${lab[@]}" down >/dev/null 2>&1 || true
 "${lab[@]}" up "$topology" --time-scale "$timeScale" >/dev/null
-for plane in wan-a wan-b; do
-  for pair in "london virginia" "london singapore" "virginia singapore"; do
-    # shellcheck disable=SC2086
-    "${lab[@]}" set $plane $pair --rate "${wanMbit}Mbit" --queue "$wanQueue" >/dev/null
-  done
-done
+lab_set_wan_rate "$labName" "$topology" "$wanMbit" "${lab[@]}"
 "${lab[@]}" status > "$tmp/status.txt"
 mapfile -t nodes < <(mpi_lab_nodes "$labName" "${lab[@]}")
 [ ${#nodes[@]} -gt 1 ] || { echo "no nodes in the lab's status:" >&2; cat "$tmp/status.txt" >&2; exit 1; }

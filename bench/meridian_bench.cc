@@ -14,10 +14,12 @@
 #include "bench/bench_ops.h"
 #include "bench/sweep.h"
 #include "collectives/communicator.h"
+#include "collectives/launch_env.h"
 #include "core/knobs.h"
 #include "core/local_launch.h"
 #include "core/log.h"
 #include "core/metrics.h"
+#include "monitoring/exporter.h"
 
 namespace meridian::bench {
 namespace {
@@ -223,6 +225,9 @@ int runRank(const Args& a, const std::string& cmd) {
     std::fprintf(stderr, "meridian-bench: %s\n", commOr.status().toString().c_str());
     return 1;
   }
+  commOr.value()->labelMetrics();
+  const auto launch = collectives::detectLaunch();
+  const auto exporter = monitoring::startExporterFromEnv(launch.isOk() ? launch->localRank : 0);
   if (a.durationSec > 0) {
     if (ops.size() != 1 || minBytes != maxBytes) {
       std::fprintf(stderr, "meridian-bench: --duration needs one op and one size (-b = -e)\n");

@@ -14,7 +14,7 @@
 #   lab_compare.sh, because the emulator thread moves ~600 Mbit/s in all), a mid-size model
 #   (784-256-256-10, LAB_STEPS steps): samples/s and scaling efficiency against one node for
 #   DDP, hybrid and DiLoCo, plus cross-region bytes; and the same training with OpenMPI doing
-#   the collectives (meridian-train-mpi: MPI_Iallreduce per bucket; bench/lab/mpi_in_lab.sh
+#   the collectives (meridian-train-mpi: MPI_Iallreduce per bucket; bench/lab/common.sh
 #   says how mpirun reaches the namespaces), DDP and DiLoCo, side by side in the same lab.
 #   Locally, meridian-train-mpi runs too (TCP BTL over loopback, as compare_mpi.sh).
 #
@@ -24,7 +24,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 train="$build/trainer/meridian-train"
 trainMpi="$build/bench/meridian-train-mpi"
-source "$root/bench/lab/mpi_in_lab.sh"
+source "$root/bench/lab/common.sh"
 labBin="$build/lab/meridian-lab"
 epochs=${EPOCHS:-5}
 target=${TARGET:-0.88}
@@ -68,7 +68,6 @@ labNote=""
 if [ "$(id -u)" -ne 0 ] || [ ! -c /dev/net/tun ] || [ ! -x "$labBin" ]; then
   labNote="Part 2 was skipped: it needs root, /dev/net/tun and meridian-lab."
 else
-  wanQueue="$((wanMbit * 100000 / 8 / 1000))KB"
   labModel=(--model 784-256-256-10 --batch 240 --max-steps "$labSteps" --eval-every 1000000)
   run lab-1-node "$tmp/lab1.json" "$train" --ranks 1 "${labModel[@]}"
   for nodes in 2 4 6; do
@@ -80,15 +79,7 @@ else
     "$labBin" --lab "$labName" up "$tmp/topo.yaml" --time-scale 0.25 >/dev/null
     labUp=1
     # Every inter-region link at WAN_RATE per plane (100 ms of queue), as lab_compare.sh does.
-    regions=$(python3 -c "import yaml,sys; print(' '.join(r['name'] for r in yaml.safe_load(open(sys.argv[1]))['regions']))" "$tmp/topo.yaml")
-    planes=$(python3 -c "import yaml,sys; print(' '.join(p['name'] for p in yaml.safe_load(open(sys.argv[1]))['planes']))" "$tmp/topo.yaml")
-    for p in $planes; do
-      for a in $regions; do
-        for b in $regions; do
-          [[ "$a" < "$b" ]] && "$labBin" --lab "$labName" set "$p" "$a" "$b" --rate "${wanMbit}Mbit" --queue "$wanQueue" >/dev/null
-        done
-      done
-    done
+    lab_set_wan_rate "$labName" "$tmp/topo.yaml" "$wanMbit" "$labBin" --lab "$labName"
     modes=(ddp diloco)
     [ "$nodes" -ge 4 ] && modes=(ddp hybrid diloco)
     for mode in "${modes[@]}"; do
@@ -166,9 +157,9 @@ else:
             o = data[n][0]
             L.append(f"- {n[:-len('-openmpi')]}: Meridian {m['samples_per_s']:.0f} vs OpenMPI {o['samples_per_s']:.0f} "
                      f"samples/s = {m['samples_per_s']/o['samples_per_s']:.2f}x")
-L.append("\n## Commands\n")
+L.append("\n## Commands and raw summaries\n")
 for name, path, cmd in rows:
-    L.append(f"- {name}: `{cmd} --json F --quiet`")
+    L.append(f"- {name}: `{cmd} --json F --quiet`\n\n  `{json.dumps(data[name][0], sort_keys=True)}`")
 open(out, "w").write("\n".join(L) + "\n")
 print("\n".join(L))
 EOF

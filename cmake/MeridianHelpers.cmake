@@ -55,5 +55,5 @@ function(meridian_add_test name)
   endif()
   add_test(NAME ${name} COMMAND ${name} --gtest_color=no ${ARG_ARGS})
   set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
-                       ENVIRONMENT "MERIDIAN_SECRET=meridian-test-secret")
+                       ENVIRONMENT "MERIDIAN_SECRET=meridian-test-secret;MERIDIAN_METRICS_ADDR=0")
 endfunction()

@@ -64,6 +64,7 @@ struct Communicator::Metrics {
   std::array<std::array<Histogram*, kSizeClasses.size()>, kOps> latency{};
   std::array<Counter*, kOps> bytes{};
   std::array<Counter*, kOps> errors{};
+  std::array<std::array<Gauge*, kSizeClasses.size()>, kOps> busbw{};
 
   Metrics() {
     auto& reg = MetricsRegistry::global();
@@ -73,6 +74,11 @@ struct Communicator::Metrics {
                                         "Latency of communicator ops from start to completion, in seconds",
                                         {{"op", kOpNames[op]}, {"size_class", kSizeClasses[c]}},
                                         exponentialBuckets(1e-6, 4, 14));
+      }
+      for (std::size_t c = 0; c < kSizeClasses.size(); ++c) {
+        busbw[op][c] = &reg.gauge("meridian_collectives_busbw_bytes_per_second",
+                                  "Bus bandwidth of the latest op of this kind and size class (nccl-tests convention)",
+                                  {{"op", kOpNames[op]}, {"size_class", kSizeClasses[c]}});
       }
       bytes[op] = &reg.counter("meridian_collectives_op_bytes_total",
                                "Payload bytes per rank of finished communicator ops", {{"op", kOpNames[op]}});
@@ -218,6 +224,32 @@ Result<std::unique_ptr<Communicator>> Communicator::createFromEnvironment(const 
                             create(*owned->store, info.rank, info.worldSize, opts));
   comm->owned_ = std::move(owned);
   return comm;
+}
+
+void Communicator::labelMetrics() const {
+  auto& reg = MetricsRegistry::global();
+  const std::string mine = static_cast<std::size_t>(rank_) < regionNames_.size() ? regionNames_[static_cast<std::size_t>(rank_)] : "";
+  MetricLabels constant{{"rank", std::to_string(rank_)}};
+  if (!mine.empty()) constant.emplace_back("region", mine);
+  reg.setConstLabels(constant);
+  for (int p = 0; p < size_; ++p) {
+    const auto pi = static_cast<std::size_t>(p);
+    if (p != rank_ && pi < regionNames_.size() && !regionNames_[pi].empty())
+      reg.annotate("peer", std::to_string(p), {{"peer_region", regionNames_[pi]}});
+  }
+  const std::vector<std::string> planes = splitCommaList(knobString(knobs::kPlanes));
+  for (std::size_t i = 0; i < planes.size(); ++i) reg.annotate("path", std::to_string(i), {{"plane", planes[i]}});
+  reg.annotate("path", "relay", {{"plane", "relay"}});
+}
+
+double busBandwidthFactor(Communicator::OpKind op, int ranks) {
+  const double n = ranks;
+  switch (op) {
+    case Communicator::OpKind::kAllreduce: return 2.0 * (n - 1) / n;
+    case Communicator::OpKind::kReduceScatter:
+    case Communicator::OpKind::kAllgather: return (n - 1) / n;
+    default: return 1.0;
+  }
 }
 
 Store* Communicator::store() const { return owned_ ? owned_->store.get() : nullptr; }
@@ -531,6 +563,8 @@ void Communicator::execute(Op& op) {
     if (isCollective(op.kind)) meanOpSec_ = meanOpSec_ == 0 ? sec : 0.9 * meanOpSec_ + 0.1 * sec;
     metrics_->latency[k][sizeClass(op.bytes)]->observe(sec);
     metrics_->bytes[k]->add(op.bytes);
+    if (isCollective(op.kind) && op.bytes > 0 && sec > 0)
+      metrics_->busbw[k][sizeClass(op.bytes)]->set(static_cast<double>(op.bytes) / sec * busBandwidthFactor(op.kind, size_));
   } else {
     metrics_->errors[k]->add();
   }

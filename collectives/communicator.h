@@ -100,6 +100,10 @@ class Communicator {
   Communicator& operator=(const Communicator&) = delete;
 
   int rank() const { return rank_; }
+  // Labels this process's metrics with this communicator's view: every series gets `rank`
+  // and `region` (this rank's), series of a peer get `peer_region`, series of a path get
+  // `plane` (MERIDIAN_PLANES). For the job's world communicator; executables call it once.
+  void labelMetrics() const;
   // The rendezvous store a createFromEnvironment communicator keeps (more communicators
   // of the same job can be created through it); null for one made with create().
   Store* store() const;
@@ -256,5 +260,9 @@ class Communicator {
   Status broken_;                  // sticky, guarded by mu_
   std::thread worker_;
 };
+
+// busbw = algbw * factor (nccl-tests): 2(n-1)/n allreduce, (n-1)/n reduce-scatter and
+// allgather (whose size is the whole buffer), 1 for the rest.
+double busBandwidthFactor(Communicator::OpKind op, int ranks);
 
 }  // namespace meridian::collectives

@@ -63,7 +63,13 @@
   X(kChaosReplanMs, "MERIDIAN_CHAOS_REPLAN_MS", Int, "0",                                          \
     "Testing: rank 0 forces a random valid plan this often, in milliseconds (0: never).")         \
   X(kMetricsAddr, "MERIDIAN_METRICS_ADDR", String, "",                                             \
-    "host:port where every rank serves Prometheus metrics on /metrics; unset: 127.0.0.1 and "      \
-    "port 9400 plus the local rank; 0: off.")
+    "host:port where local rank 0 serves Prometheus metrics on /metrics (local rank r: port + "    \
+    "r); unset: 127.0.0.1:9400; 0: off.")                                                         \
+  X(kPlanes, "MERIDIAN_PLANES", String, "",                                                        \
+    "Names of the planes of MERIDIAN_PATHS, comma-separated in the same order (e.g. "              \
+    "wan-a,wan-b); they label per-path metrics (meridian-lab sets them).")                          \
+  X(kPrometheusSdDir, "MERIDIAN_PROMETHEUS_SD_DIR", String, "/tmp/meridian-prometheus-sd",          \
+    "Directory of the Prometheus file-based service discovery files that meridian-lab and the "    \
+    "--ranks launchers keep current with every rank's metrics endpoint.")
 
 namespace meridian {}  // keeps this header a valid translation unit on its own

@@ -10,8 +10,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <thread>
 
@@ -20,6 +22,7 @@
 #include "core/fd.h"
 #include "core/knobs.h"
 #include "core/log.h"
+#include "core/scrape_targets.h"
 #include "core/secret.h"
 
 extern char** environ;
@@ -83,6 +86,22 @@ int launchLocalRanks(const LocalLaunchOptions& options) {
     std::uint8_t raw[32];
     randomBytes(raw);
     for (std::uint8_t b : raw) secret += fmt::format("{:02x}", b);
+  }
+  // Where the ranks will serve metrics (MERIDIAN_METRICS_ADDR's host, its port or the base
+  // port, plus the local rank), for Prometheus to find them.
+  std::unique_ptr<ScrapeTargetsFile> scrapeTargets;
+  if (!options.separateHosts) {
+    if (auto base = metricsBaseAddress(); base.has_value()) {
+      std::vector<ScrapeTarget> targets;
+      for (int r = 0; r < options.ranks; ++r) {
+        ScrapeTarget t{fmt::format("{}:{}", base->first, base->second + r), {{"rank", std::to_string(r)}}};
+        if (options.rankEnv)
+          for (const auto& [k, v] : options.rankEnv(r))
+            if (k == "MERIDIAN_REGION") t.labels.emplace_back("region", v);
+        targets.push_back(std::move(t));
+      }
+      scrapeTargets = std::make_unique<ScrapeTargetsFile>(fmt::format("local-{}", ::getpid()), targets);
+    }
   }
   std::map<pid_t, int> children;  // pid -> rank
   std::vector<pollfd> outputs;     // read ends of the ranks' output pipes

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -376,31 +377,26 @@ LossStats CudaBackend::softmaxCrossEntropy(const float* logits, const std::int32
 
 }  // namespace
 
-bool cudaAvailable() {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  static_cast<void>(cudaGetLastError());  // a missing driver is an answer here, not a fault
-  return err == cudaSuccess && count > 0;
-}
-
-Result<std::unique_ptr<Backend>> makeCudaBackend(int ordinal) {
+// The entry points backend_loader.cc finds with dlsym (this file is built into
+// libmeridian_kernels_cuda.so, loaded only when a CUDA backend is asked for).
+extern "C" __attribute__((visibility("default"))) int meridianCudaDeviceCount(char* error, std::size_t errorBytes) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
-    static_cast<void>(cudaGetLastError());
-    return Status(StatusCode::kInvalidArgument,
-                  std::string("no CUDA device: cudaGetDeviceCount failed: ") + cudaGetErrorString(err));
+    static_cast<void>(cudaGetLastError());  // a missing driver is an answer here, not a fault
+    std::snprintf(error, errorBytes, "cudaGetDeviceCount failed: %s", cudaGetErrorString(err));
+    return -1;
   }
-  if (count == 0) return Status(StatusCode::kInvalidArgument, "no CUDA device: cudaGetDeviceCount found none");
-  if (ordinal < 0 || ordinal >= count) {
-    return Status(StatusCode::kInvalidArgument, "CUDA device " + std::to_string(ordinal) + " does not exist (" +
-                                                    std::to_string(count) + " visible)");
-  }
+  return count;
+}
+
+extern "C" __attribute__((visibility("default"))) Backend* meridianMakeCudaBackend(int ordinal, char* error,
+                                                                                std::size_t errorBytes) {
   try {
-    return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(ordinal));
+    return new CudaBackend(ordinal);
   } catch (const std::exception& e) {
-    return Status(StatusCode::kInvalidArgument,
-                  "CUDA device " + std::to_string(ordinal) + " cannot be used: " + e.what());
+    std::snprintf(error, errorBytes, "%s", e.what());
+    return nullptr;
   }
 }
 

@@ -24,6 +24,7 @@
 #include <fmt/format.h>
 
 #include "core/local_launch.h"
+#include "core/scrape_targets.h"
 #include "lab/emulator.h"
 #include "lab/netns.h"
 
@@ -94,8 +95,51 @@ nlohmann::json stateJson(const LabState& s, const std::string& topologyFile) {
           {"topology_file", topologyFile},
           {"time_scale", s.topology.timeScale},
           {"emulator_pid", s.emulatorPid},
-          {"namespaces", s.namespaces}};
+          {"namespaces", s.namespaces},
+          {"mgmt_index", s.mgmtIndex}};
 }
+
+// The management subnet index of every lab that has state on this host.
+std::vector<int> mgmtIndicesInUse() {
+  std::vector<int> used;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(kStateRoot, ec)) {
+    std::ifstream f(entry.path() / "state.json");
+    auto j = nlohmann::json::parse(f, nullptr, false);
+    if (!j.is_discarded() && j.is_object()) used.push_back(j.value("mgmt_index", 0));
+  }
+  return used;
+}
+
+// The lowest subnet index no lab uses and no interface of that name exists for.
+Result<int> pickMgmtIndex() {
+  const std::vector<int> used = mgmtIndicesInUse();
+  for (int i = 1; i < 255; ++i) {
+    if (std::find(used.begin(), used.end(), i) != used.end()) continue;
+    if (fs::exists("/sys/class/net/mrdmgmt" + std::to_string(i))) continue;
+    return i;
+  }
+  return invalidArgument("no free management subnet (198.19.1-254.0/24): take some labs down");
+}
+
+Status createMgmtNetwork(const LabState& s) {
+  const std::string bridge = s.mgmtBridge();
+  MERIDIAN_RETURN_IF_ERROR(runCommand({"ip", "link", "add", bridge, "type", "bridge"}));
+  MERIDIAN_RETURN_IF_ERROR(
+      runCommand({"ip", "addr", "add", fmt::format("198.19.{}.1/24", s.mgmtIndex), "dev", bridge}));
+  MERIDIAN_RETURN_IF_ERROR(runCommand({"ip", "link", "set", bridge, "up"}));
+  for (int n = 0; n < static_cast<int>(s.namespaces.size()); ++n) {
+    const std::string& ns = s.namespaces[static_cast<std::size_t>(n)];
+    const std::string host = fmt::format("mrdm{}v{}", s.mgmtIndex, n);
+    MERIDIAN_RETURN_IF_ERROR(runCommand({"ip", "link", "add", host, "type", "veth", "peer", "name", "mgmt", "netns", ns}));
+    MERIDIAN_RETURN_IF_ERROR(runCommand({"ip", "link", "set", host, "master", bridge, "up"}));
+    MERIDIAN_RETURN_IF_ERROR(runCommand({"ip", "-n", ns, "addr", "add", s.mgmtAddress(n) + "/24", "dev", "mgmt"}));
+    MERIDIAN_RETURN_IF_ERROR(runCommand({"ip", "-n", ns, "link", "set", "mgmt", "up"}));
+  }
+  return Status::ok();
+}
+
+std::string scrapeJob(const std::string& labName) { return "lab-" + labName; }
 
 Status saveState(const LabState& s, const std::string& topologyFile) {
   return writeFileAtomically(s.dir + "/state.json", stateJson(s, topologyFile).dump(2) + "\n");
@@ -122,7 +166,7 @@ std::string envName(const std::string& plane) {
 }
 
 // Removes whatever of the lab exists; collects problems rather than stopping at the first.
-Status teardown(const std::string& dir, int emulatorPid, const std::vector<std::string>& namespaces) {
+Status teardown(const std::string& dir, int emulatorPid, const std::vector<std::string>& namespaces, int mgmtIndex) {
   std::vector<std::string> problems;
   if (emulatorPid > 0 && processAlive(emulatorPid) && isLabProcess(emulatorPid)) {
     stopProcess(emulatorPid, std::chrono::milliseconds(3000));
@@ -132,6 +176,12 @@ Status teardown(const std::string& dir, int emulatorPid, const std::vector<std::
     Status st = deleteNamespace(ns);
     if (!st.isOk()) problems.push_back(st.message());
   }
+  // The nodes' veths went with their namespaces; the bridge stays until removed.
+  if (mgmtIndex > 0 && fs::exists("/sys/class/net/mrdmgmt" + std::to_string(mgmtIndex))) {
+    Status st = runCommand({"ip", "link", "del", "mrdmgmt" + std::to_string(mgmtIndex)});
+    if (!st.isOk()) problems.push_back(st.message());
+  }
+  removeScrapeTargets(scrapeJob(fs::path(dir).filename().string()));
   std::error_code ec;
   fs::remove_all(dir, ec);
   if (ec) problems.push_back(fmt::format("cannot remove {}: {}", dir, ec.message()));
@@ -163,6 +213,7 @@ Result<LabState> loadLab(const std::string& name) {
   s.topology.timeScale = j.value("time_scale", s.topology.timeScale);
   s.emulatorPid = j.value("emulator_pid", 0);
   s.namespaces = j.value("namespaces", std::vector<std::string>{});
+  s.mgmtIndex = j.value("mgmt_index", 0);
   return s;
 }
 
@@ -205,10 +256,15 @@ Status labUp(const std::string& topologyFile, const UpOptions& options) {
   ::chmod(s.dir.c_str(), 0700);
 
   auto fail = [&](const Status& why) {
-    Status t = teardown(s.dir, s.emulatorPid, s.namespaces);
+    Status t = teardown(s.dir, s.emulatorPid, s.namespaces, s.mgmtIndex);
     if (!t.isOk()) std::fprintf(stderr, "meridian-lab: cleaning up after the failure: %s\n", t.message().c_str());
     return why;
   };
+  {
+    auto index = pickMgmtIndex();
+    if (!index.isOk()) return fail(index.status());
+    s.mgmtIndex = *index;
+  }
   // Record the plan before creating anything, so that `down` can always finish the job.
   {
     std::ifstream in(topologyFile);
@@ -237,6 +293,7 @@ Status labUp(const std::string& topologyFile, const UpOptions& options) {
       tuns[static_cast<std::size_t>(n)].push_back(std::move(fd.value()));
     }
   }
+  if (Status st = createMgmtNetwork(s); !st.isOk()) return fail(st);
   auto control = listenControl(s.controlSocket());
   if (!control.isOk()) return fail(control.status());
 
@@ -249,7 +306,7 @@ Status labUp(const std::string& topologyFile, const UpOptions& options) {
     std::fflush(stdout);
     Emulator emu(topo, std::move(tuns), std::move(control.value()));
     Status st = emu.run(true);
-    Status t = teardown(s.dir, 0, s.namespaces);
+    Status t = teardown(s.dir, 0, s.namespaces, s.mgmtIndex);
     return st.isOk() ? t : st;
   }
 
@@ -309,17 +366,27 @@ Status labUp(const std::string& topologyFile, const UpOptions& options) {
   if (!started) return fail(internalError("the emulator did not start; see {}/emulator.log", s.dir));
   if (Status st = saveState(s, topologyFile); !st.isOk()) return fail(st);
 
+  {
+    std::vector<ScrapeTarget> targets;
+    for (int n = 0; n < static_cast<int>(topo.nodes.size()); ++n) {
+      const Node& node = topo.nodes[static_cast<std::size_t>(n)];
+      targets.push_back({s.metricsAddress(n),
+                         {{"lab", s.name}, {"node", node.name}, {"region", topo.regions[static_cast<std::size_t>(node.region)].name}}});
+    }
+    Status st = writeScrapeTargets(scrapeJob(s.name), targets);
+    if (!st.isOk()) std::fprintf(stderr, "meridian-lab: Prometheus will not find the nodes: %s\n", st.message().c_str());
+  }
   std::printf("lab '%s' is up: topology %s (%s), time scale %g, emulator pid %d\n", s.name.c_str(), topo.name.c_str(),
               topologyFile.c_str(), topo.timeScale, pid);
   std::printf("%-16s %-12s %-22s", "node", "region", "namespace");
   for (const auto& p : topo.planes) std::printf(" %-16s", p.name.c_str());
-  std::printf("\n");
+  std::printf(" %-16s\n", "metrics");
   for (int n = 0; n < static_cast<int>(topo.nodes.size()); ++n) {
     const Node& node = topo.nodes[static_cast<std::size_t>(n)];
     std::printf("%-16s %-12s %-22s", node.name.c_str(), topo.regions[static_cast<std::size_t>(node.region)].name.c_str(),
                 s.namespaceOf(n).c_str());
     for (int p = 0; p < static_cast<int>(topo.planes.size()); ++p) std::printf(" %-16s", topo.address(p, n).c_str());
-    std::printf("\n");
+    std::printf(" %s\n", s.metricsAddress(n).c_str());
   }
   std::printf("next: meridian-lab run %s -- CMD | exec-all -- CMD | status | set | down\n",
               topo.nodes.front().name.c_str());
@@ -338,7 +405,8 @@ Status labDown(const std::string& name) {
   }
   auto j = nlohmann::json::parse(f, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return internalError("{}/state.json is damaged; remove {} by hand", dir, dir);
-  return teardown(dir, j.value("emulator_pid", 0), j.value("namespaces", std::vector<std::string>{}));
+  return teardown(dir, j.value("emulator_pid", 0), j.value("namespaces", std::vector<std::string>{}),
+                  j.value("mgmt_index", 0));
 }
 
 std::vector<std::pair<std::string, std::string>> nodeEnvironment(const LabState& lab, int node) {
@@ -355,9 +423,18 @@ std::vector<std::pair<std::string, std::string>> nodeEnvironment(const LabState&
     env.emplace_back(envName(t.planes[static_cast<std::size_t>(p)].name), t.address(p, node));
     paths += (paths.empty() ? "" : ",") + t.address(p, node);
   }
-  if (std::getenv("MERIDIAN_PATHS") == nullptr) env.emplace_back("MERIDIAN_PATHS", paths);
+  if (std::getenv("MERIDIAN_PATHS") == nullptr) {
+    env.emplace_back("MERIDIAN_PATHS", paths);
+    std::string planes;
+    for (const auto& p : t.planes) planes += (planes.empty() ? "" : ",") + p.name;
+    env.emplace_back("MERIDIAN_PLANES", planes);
+  }
+  if (std::getenv("MERIDIAN_METRICS_ADDR") == nullptr && lab.mgmtIndex > 0)
+    env.emplace_back("MERIDIAN_METRICS_ADDR", lab.metricsAddress(node));
   return env;
 }
+
+std::string LabState::metricsAddress(int node) const { return fmt::format("{}:{}", mgmtAddress(node), kMetricsBasePort); }
 
 Status execInNode(const LabState& lab, const std::string& node, const std::vector<std::string>& argv) {
   if (argv.empty()) return invalidArgument("run: no command (meridian-lab run NODE -- CMD ...)");

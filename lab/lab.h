@@ -25,7 +25,16 @@ struct LabState {
   Topology topology;  // as the lab runs it (time scale applied by the emulator)
   int emulatorPid = 0;
   std::vector<std::string> namespaces;
+  // The management network: a bridge in the host's namespace with one veth into every node
+  // (198.19.<mgmtIndex>.0/24, host 198.19.<mgmtIndex>.1). It never carries Meridian's data,
+  // only what an operator's tools reach the nodes with: Prometheus scraping every rank's
+  // metrics. 0: none (a lab brought up before it existed).
+  int mgmtIndex = 0;
   std::string controlSocket() const { return dir + "/control.sock"; }
+  std::string mgmtBridge() const { return "mrdmgmt" + std::to_string(mgmtIndex); }
+  std::string mgmtAddress(int node) const { return "198.19." + std::to_string(mgmtIndex) + "." + std::to_string(node + 2); }
+  // Where node `node`'s ranks serve metrics (MERIDIAN_METRICS_ADDR in the node).
+  std::string metricsAddress(int node) const;
   std::string namespaceOf(int node) const { return name + "-" + topology.nodes[static_cast<std::size_t>(node)].name; }
 };
 

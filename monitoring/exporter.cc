@@ -12,47 +12,12 @@
 #include <prometheus/exposer.h>
 
 #include "core/knobs.h"
+#include "core/scrape_targets.h"
 #include "core/log.h"
 
 namespace meridian::monitoring {
 
 namespace {
-
-struct ListenAddress {
-  std::string ip;  // dotted quad, as civetweb takes it
-  int port = 0;
-  std::string toString() const { return fmt::format("{}:{}", ip, port); }
-};
-
-// "host:port" with host an IPv4 dotted quad, "localhost", "*" or "0.0.0.0". The error
-// says what is wrong, without repeating `text` (callers add it with their context).
-Result<ListenAddress> parseListenAddress(const std::string& text, bool allowPortZero) {
-  const auto colon = text.rfind(':');
-  if (colon == std::string::npos) return invalidArgument("expected host:port");
-  const std::string host = text.substr(0, colon);
-  const std::string portText = text.substr(colon + 1);
-  ListenAddress a;
-  if (host == "localhost") {
-    a.ip = "127.0.0.1";
-  } else if (host == "*" || host == "0.0.0.0") {
-    a.ip = "0.0.0.0";
-  } else {
-    in_addr parsed{};
-    if (host.empty() || ::inet_pton(AF_INET, host.c_str(), &parsed) != 1) {
-      return invalidArgument("host '{}' is not an IPv4 address, localhost or *", host);
-    }
-    a.ip = host;
-  }
-  if (portText.empty() || portText.size() > 5 ||
-      portText.find_first_not_of("0123456789") != std::string::npos) {
-    return invalidArgument("port '{}' is not a number in 1..65535", portText);
-  }
-  a.port = std::stoi(portText);
-  if (a.port > 65535 || (a.port == 0 && !allowPortZero)) {
-    return invalidArgument("port {} is out of range 1..65535", a.port);
-  }
-  return a;
-}
 
 // Every scrape snapshots the registry afresh.
 class RegistryCollectable final : public prometheus::Collectable {
@@ -74,22 +39,14 @@ class RegistryCollectable final : public prometheus::Collectable {
 }  // namespace
 
 Result<std::optional<std::string>> metricsAddressFromEnv(int localRank) {
-  const std::string value = knobString(knobs::kMetricsAddr);
-  if (value.empty()) {
-    const std::int64_t port = kDefaultMetricsPort + std::int64_t{localRank < 0 ? 0 : localRank};
-    if (port > 65535) {
-      return invalidArgument("{} is unset and local rank {} puts the default port past 65535: set it", knobs::kMetricsAddr.name,
-                             localRank);
-    }
-    return std::optional<std::string>(fmt::format("127.0.0.1:{}", port));
+  MERIDIAN_ASSIGN_OR_RETURN(auto base, parseMetricsAddress(knobString(knobs::kMetricsAddr)));
+  if (!base) return std::optional<std::string>();
+  const std::int64_t port = base->second + std::int64_t{localRank < 0 ? 0 : localRank};
+  if (port > 65535) {
+    return invalidArgument("{} port {} plus local rank {} is past 65535: set a lower one", knobs::kMetricsAddr.name,
+                           base->second, localRank);
   }
-  if (value == "0") return std::optional<std::string>();
-  auto parsed = parseListenAddress(value, /*allowPortZero=*/false);
-  if (!parsed) {
-    return invalidArgument("{}='{}': {} (want host:port, or 0 for off)", knobs::kMetricsAddr.name, value,
-                           parsed.status().message());
-  }
-  return std::optional<std::string>(value);
+  return std::optional<std::string>(fmt::format("{}:{}", base->first, port));
 }
 
 MetricsExporter::MetricsExporter(std::shared_ptr<prometheus::Collectable> collectable,
@@ -99,13 +56,14 @@ MetricsExporter::MetricsExporter(std::shared_ptr<prometheus::Collectable> collec
 MetricsExporter::~MetricsExporter() = default;  // stops the server (joining its threads) first
 
 Result<std::unique_ptr<MetricsExporter>> MetricsExporter::start(const std::string& address, MetricsRegistry& registry) {
-  auto where = parseListenAddress(address, /*allowPortZero=*/true);
+  auto where = parseHostPort(address, /*allowPortZero=*/true);
   if (!where) return invalidArgument("metrics address {}: {}", address, where.status().message());
+  const std::string listen = fmt::format("{}:{}", where->first, where->second);
   auto collectable = std::make_shared<RegistryCollectable>(registry);
   std::unique_ptr<prometheus::Exposer> exposer;
   try {
     exposer = std::make_unique<prometheus::Exposer>(
-        std::vector<std::string>{"listening_ports", where->toString(), "num_threads", "2"});
+        std::vector<std::string>{"listening_ports", listen, "num_threads", "2"});
   } catch (const std::exception& e) {  // civetweb's CivetException (a runtime_error) when it cannot bind
     return invalidArgument("metrics address {}: cannot listen ({})", address, e.what());
   }
@@ -114,7 +72,7 @@ Result<std::unique_ptr<MetricsExporter>> MetricsExporter::start(const std::strin
   if (ports.empty() || ports.front() <= 0) {
     return invalidArgument("metrics address {}: the server reports no listening port", address);
   }
-  std::string endpoint = fmt::format("{}:{}", where->ip, ports.front());
+  std::string endpoint = fmt::format("{}:{}", where->first, ports.front());
   return std::unique_ptr<MetricsExporter>(new MetricsExporter(std::move(collectable), std::move(exposer), std::move(endpoint)));
 }
 

@@ -17,13 +17,10 @@ class Exposer;
 
 namespace meridian::monitoring {
 
-// The first port of the default address; local rank r listens on kDefaultMetricsPort + r.
-inline constexpr int kDefaultMetricsPort = 9400;
-
-// MERIDIAN_METRICS_ADDR resolved: unset or empty -> "127.0.0.1:<9400 + max(localRank, 0)>";
-// "0" -> std::nullopt (metrics off); "host:port" validated (host an IPv4 dotted quad,
-// "localhost", "*" or "0.0.0.0"; port 1..65535), else kInvalidArgument naming the
-// variable and the value.
+// MERIDIAN_METRICS_ADDR resolved for local rank r: unset or empty -> 127.0.0.1 and port
+// 9400 + r (core/scrape_targets.h, kMetricsBasePort); "host:port" -> that host and port + r
+// (host an IPv4 dotted quad, "localhost", "*" or "0.0.0.0"; port 1..65535); "0" ->
+// std::nullopt (metrics off); anything else kInvalidArgument naming the variable and value.
 Result<std::optional<std::string>> metricsAddressFromEnv(int localRank);
 
 class MetricsExporter {

@@ -1,10 +1,107 @@
 #!/usr/bin/env bash
-# The README's first command: Meridian's main job. Installs what it needs, builds, and
-# runs every collective across 4 local ranks (nccl-tests-style tables, each result
-# checked). Later issues turn this into the cross-region training demo.
-# Extra arguments go to meridian-bench (e.g. -e 16M, --ops all_reduce).
+# The README's first command: Meridian's main job, a cross-region training demo.
+#
+# Installs what it needs, builds, then: brings up the three-region lab (London, Virginia,
+# Singapore; two nodes each, real round trips of 78-217 ms, every WAN link 40 Mbit/s per
+# plane), starts Debian's Prometheus on 127.0.0.1:9490 (it finds every node through the lab's
+# service-discovery file), runs meridian-train on all six nodes, cuts one cross-region path
+# (wan-a London-Virginia) to a tenth of its rate half-way through, and ends with a summary:
+# accuracy, wall time, speedup against one node, the latency matrix Meridian measured, the
+# congestion event and how Meridian responded, and where the metrics, dashboards and the
+# PNG are. The lab and Prometheus are taken down at the end, also on Ctrl-C or a failure.
+#
+# Needs root (network namespaces) and /dev/net/tun. About 5 minutes after the build.
+# Environment: MERIDIAN_DEMO_SYNC (hybrid), MERIDIAN_DEMO_EPOCHS (2), MERIDIAN_DEMO_OUT
+# (./demo-out), MERIDIAN_DEMO_KEEP=1 leaves the lab and Prometheus up for a look.
 source "$(dirname "$0")/lib/common.sh"
+source "$MERIDIAN_ROOT/bench/lab/common.sh"
 ensure_packages
-configure_and_build meridian-bench
-say "running every collective across 4 local ranks"
-exec "$MERIDIAN_BUILD/bench/meridian-bench" --ranks 4 --ops all -b 16 -e 64M -f 4 "$@"
+configure_and_build meridian-train meridian-lab
+
+[ "$(id -u)" -eq 0 ] || { say "the demo needs root (it creates network namespaces)"; exit 1; }
+[ -c /dev/net/tun ] || { say "the demo needs /dev/net/tun (modprobe tun)"; exit 1; }
+
+sync=${MERIDIAN_DEMO_SYNC:-hybrid}
+epochs=${MERIDIAN_DEMO_EPOCHS:-2}
+out=${MERIDIAN_DEMO_OUT:-$PWD/demo-out}
+wanMbit=40
+congestedMbit=4
+labName=demo
+lab=("$MERIDIAN_BUILD/lab/meridian-lab" --lab "$labName")
+topology="$MERIDIAN_ROOT/lab/topologies/three-regions.yaml"
+prom=127.0.0.1:9490
+mkdir -p "$out"
+rm -f "$out"/*.json "$out"/*.log "$out"/*.dat "$out"/*.png "$out"/inject.txt
+export MERIDIAN_PROMETHEUS_DIR="$out/prometheus"
+
+trainPid=""
+startedProm=0
+cleanup() {
+  local code=$?
+  trap - EXIT INT TERM
+  [ -n "$trainPid" ] && kill "$trainPid" 2>/dev/null && wait "$trainPid" 2>/dev/null
+  if [ "${MERIDIAN_DEMO_KEEP:-0}" = 1 ] && [ "$code" = 0 ]; then
+    say "left up: lab '$labName' (${lab[*]} down) and Prometheus (scripts/prometheus.sh stop)"
+    exit 0
+  fi
+  "${lab[@]}" down >/dev/null 2>&1 || true
+  [ "$startedProm" = 1 ] && "$MERIDIAN_ROOT/scripts/prometheus.sh" stop >/dev/null 2>&1
+  exit "$code"
+}
+trap cleanup EXIT
+trap 'echo; say "interrupted: tearing down"; exit 130' INT TERM
+
+say "bringing up the three-region lab (London, Virginia, Singapore; 2 nodes each)"
+"${lab[@]}" down >/dev/null 2>&1 || true
+"${lab[@]}" up "$topology" > "$out/lab-up.log"
+lab_set_wan_rate "$labName" "$topology" "$wanMbit" "${lab[@]}"
+
+if [ "$("$MERIDIAN_ROOT/scripts/prometheus.sh" status | cut -d' ' -f1)" != running ]; then
+  "$MERIDIAN_ROOT/scripts/prometheus.sh" start > "$out/prometheus-start.log"
+  startedProm=1
+fi
+say "Prometheus on http://$prom (config $MERIDIAN_PROMETHEUS_DIR/prometheus.yml)"
+
+# ---- Training, with a progress line and the congestion injected half-way ----------------
+say "training on 6 nodes: sync $sync, $epochs epochs of Fashion-MNIST; wan-a London-Virginia drops to ${congestedMbit} Mbit/s half-way"
+"${lab[@]}" exec-all -- "$MERIDIAN_BUILD/trainer/meridian-train" --sync "$sync" -H 16 --model 784-256-256-10 \
+  --batch 240 --epochs "$epochs" --log-every 5 --eval-every 100 --json "$out/train.json" > "$out/train.log" 2>&1 &
+trainPid=$!
+injected=0
+total=0
+bar() {  # bar STEP TOTAL TEXT
+  local width=30 filled=$(( $1 * 30 / ($2 > 0 ? $2 : 1) ))
+  printf '\r  [%-*s] %s' "$width" "$(printf '%*s' "$filled" '' | tr ' ' '#')" "$3"
+}
+tail -n +1 --pid="$trainPid" -F "$out/train.log" 2>/dev/null | while IFS= read -r line; do
+  if [[ $line =~ step\ +([0-9]+)/([0-9]+)\ \|.*loss\ ([0-9.]+).*train\ acc\ +([0-9.]+)%.*\|\ +([0-9]+)\ samples/s ]]; then
+    step=${BASH_REMATCH[1]}
+    total=${BASH_REMATCH[2]}
+    bar "$step" "$total" "step $step/$total  loss ${BASH_REMATCH[3]}  train acc ${BASH_REMATCH[4]}%  ${BASH_REMATCH[5]} samples/s  "
+    if [ "$injected" = 0 ] && [ "$step" -ge $((total / 2)) ]; then
+      "${lab[@]}" set wan-a london virginia --rate "${congestedMbit}Mbit" >/dev/null
+      date +%s.%N > "$out/inject.txt"
+      injected=1
+      printf '\n  >> congestion injected at step %s: wan-a London-Virginia now %s Mbit/s\n' "$step" "$congestedMbit"
+    fi
+  fi
+  if [[ $line == *"meridian-train summary"* ]] || ! kill -0 "$trainPid" 2>/dev/null; then break; fi
+done
+wait "$trainPid" || { echo; say "training failed; its output:"; tail -n 30 "$out/train.log" >&2; exit 1; }
+trainPid=""
+echo
+sleep 3  # one more scrape after the end
+
+# ---- What Prometheus saw -------------------------------------------------------------------
+python3 "$MERIDIAN_ROOT/scripts/lib/demo_report.py" --prometheus "http://$prom" --out "$out" \
+  --train-json "$out/train.json" --inject "$out/inject.txt" --congested-plane wan-a \
+  --congested-regions london virginia --congested-mbit "$congestedMbit" --wan-mbit "$wanMbit"
+if command -v gnuplot >/dev/null && [ -f "$out/plot.gp" ]; then
+  gnuplot "$out/plot.gp" 2>"$out/gnuplot.log" && say "picture: $out/demo.png" || say "gnuplot failed: $out/gnuplot.log"
+fi
+cat <<EOF
+
+  Metrics:    every rank's /metrics (addresses in $out/lab-up.log), scraped by Prometheus at http://$prom
+  Dashboards: monitoring/grafana/ (import the JSON, or provision it: monitoring/grafana/README.md)
+  Raw:        $out/train.log, $out/train.json, $out/report.json
+EOF

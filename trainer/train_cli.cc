@@ -94,7 +94,7 @@ void writeJson(const std::string& path, const TrainConfig& cfg, const TrainSumma
   if (!out) std::fprintf(stderr, "meridian-train: could not write %s\n", path.c_str());
 }
 
-int runRank(const TrainConfig& cfg, const Args& a, SyncComm* external) {
+int runRank(const TrainConfig& cfg, const Args& a, SyncComm* external, const RankHook& onJoined) {
   // The backend first: a bad --device fails before anyone waits at the store.
   std::unique_ptr<kernels::Backend> backend;
   if (a.device == "cuda" || (a.device == "auto" && kernels::cudaAvailable())) {
@@ -143,6 +143,7 @@ int runRank(const TrainConfig& cfg, const Args& a, SyncComm* external) {
     ctx.comm = comm.get();
     ctx.store = comm->store();
   }
+  const std::shared_ptr<void> keep = onJoined ? onJoined(*info, comm.get()) : nullptr;
   auto result = train(cfg, ctx);
   if (!result.isOk()) {
     std::fprintf(stderr, "meridian-train rank %d: %s\n", info->rank, result.status().toString().c_str());
@@ -157,7 +158,7 @@ int runRank(const TrainConfig& cfg, const Args& a, SyncComm* external) {
 
 }  // namespace
 
-int trainCli(int argc, char** argv, SyncComm* external) {
+int trainCli(int argc, char** argv, SyncComm* external, const RankHook& onJoined) {
   Args a;
   TrainConfig cfg;
   CLI::App app{external == nullptr ? "meridian-train: data-parallel Fashion-MNIST training over Meridian"
@@ -191,6 +192,7 @@ int trainCli(int argc, char** argv, SyncComm* external) {
   app.add_option("--log-every", cfg.logEvery, "Steps between progress lines")->check(CLI::PositiveNumber);
   app.add_option("--eval-every", cfg.evalEvery, "Steps between test evaluations (0: every epoch)");
   app.add_option("--target-accuracy", cfg.targetAccuracy, "Report the time to this test accuracy (0..1)");
+  app.add_flag("--stop-at-target", cfg.stopAtTarget, "Stop once an evaluation reached --target-accuracy");
   app.add_option("--json", a.jsonPath, "Write the summary as JSON here (rank 0)");
   app.add_option("--blas-threads", a.blasThreads, "OpenBLAS threads per rank (cpu)");
   app.add_flag("--quiet", cfg.quiet, "No progress lines");
@@ -231,7 +233,7 @@ int trainCli(int argc, char** argv, SyncComm* external) {
       }
       return launchLocalRanks(lo);
     }
-    return runRank(cfg, a, external);
+    return runRank(cfg, a, external, onJoined);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "meridian-train: %s\n", e.what());
     return 1;

@@ -522,8 +522,13 @@ Result<TrainSummary> Run::go() {
       metrics.testAccuracy.set(acc);
       log(fmt::format("eval  step {} | test accuracy {:.2f}% | test loss {:.4f} | {:.1f} s", step, 100 * acc, loss,
                       secondsSince(start)));
-      if (cfg_.targetAccuracy > 0 && sum.timeToTargetSec < 0 && acc >= cfg_.targetAccuracy)
+      if (cfg_.targetAccuracy > 0 && sum.timeToTargetSec < 0 && acc >= cfg_.targetAccuracy) {
         sum.timeToTargetSec = secondsSince(start);
+        if (cfg_.stopAtTarget) {
+          log(fmt::format("target accuracy {:.2f}% reached at step {}: stopping", 100 * cfg_.targetAccuracy, step));
+          break;
+        }
+      }
     }
     if (!cfg_.checkpointDir.empty() && cfg_.checkpointEvery > 0 && step % cfg_.checkpointEvery == 0 && step != totalSteps)
       MERIDIAN_RETURN_IF_ERROR(saveCheckpoint(step));

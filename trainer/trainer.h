@@ -59,6 +59,7 @@ struct TrainConfig {
   int logEvery = 50;          // steps between progress lines (rank 0)
   int evalEvery = 0;          // steps between test-set evaluations; 0: at each epoch's end
   double targetAccuracy = 0;  // > 0: report the time the test accuracy first reached it
+  bool stopAtTarget = false;  // and stop there (every rank sees the same accuracy)
   bool quiet = false;         // no progress lines
 };
 

@@ -1,5 +1,12 @@
-# Sourced by the lab benchmarks (lab_compare.sh, train_bench.sh): one OpenMPI rank per lab
-# node. mpirun runs inside the first node's namespace (so its out-of-band address is
+# Sourced by the lab benchmarks (lab_compare.sh, train_bench.sh, train_lab_tta.sh).
+#
+# lab_set_wan_rate: every inter-region link of a lab at one rate per plane. The lab's
+# emulator is one thread sharing the cores with the ranks and moves about 600 Mbit/s in all,
+# so with the topologies' 200-400 Mbit/s WAN links every contender would measure the
+# emulator, not the WAN; at 40 Mbit/s per plane the WAN is the bottleneck, as between real
+# regions.
+#
+# mpi_lab_*: one OpenMPI rank per lab node. mpirun runs inside the first node's namespace (so its out-of-band address is
 # reachable from every node) with a hostfile of node names and plm_rsh_agent set to a tiny
 # script that runs the daemon's command line in the named node's namespace
 # (`ip netns exec <lab>-<node> sh -c`) instead of ssh; plm_rsh_no_tree_spawn keeps every
@@ -37,4 +44,21 @@ RSH
                 --mca plm_rsh_agent "$dir/netns-rsh" --mca plm_rsh_no_tree_spawn 1 --bind-to none
                 --mca mpi_yield_when_idle 1 --mca pml ob1 --mca btl tcp,self
                 --mca btl_tcp_if_include 198.18.0.0/16 --mca oob_tcp_if_include 198.18.0.0/16)
+}
+
+# lab_set_wan_rate LAB_NAME TOPOLOGY_FILE MBIT LAB_COMMAND...: sets every link between two
+# different regions of the topology, on every plane, to MBIT Mbit/s with 100 ms of queue.
+lab_set_wan_rate() {
+  local name=$1 topo=$2 mbit=$3
+  shift 3
+  local queue="$((mbit * 100000 / 8 / 1000))KB" regions planes p a b
+  regions=$(python3 -c "import yaml,sys; print(' '.join(r['name'] for r in yaml.safe_load(open(sys.argv[1]))['regions']))" "$topo")
+  planes=$(python3 -c "import yaml,sys; print(' '.join(p['name'] for p in yaml.safe_load(open(sys.argv[1]))['planes']))" "$topo")
+  for p in $planes; do
+    for a in $regions; do
+      for b in $regions; do
+        if [[ "$a" < "$b" ]]; then "$@" set "$p" "$a" "$b" --rate "${mbit}Mbit" --queue "$queue" >/dev/null; fi
+      done
+    done
+  done
 }

@@ -114,11 +114,21 @@ TEST(ExporterTest, AddressFromTheEnvironment) {
     ASSERT_TRUE(a.isOk()) << a.status().toString();
     EXPECT_FALSE(a.value().has_value());
   }
-  for (const char* good : {"10.1.2.3:9500", "localhost:1", "*:9400", "0.0.0.0:65535"}) {
-    EnvGuard env(good);
+  const std::pair<const char*, const char*> good[] = {
+      {"10.1.2.3:9500", "10.1.2.3:9500"}, {"localhost:1", "127.0.0.1:1"}, {"*:9400", "0.0.0.0:9400"},
+      {"0.0.0.0:65535", "0.0.0.0:65535"}};
+  for (const auto& [given, resolved] : good) {
+    EnvGuard env(given);
     auto a = metricsAddressFromEnv(0);
-    ASSERT_TRUE(a.isOk()) << good << ": " << a.status().toString();
-    EXPECT_EQ(a.value(), good);
+    ASSERT_TRUE(a.isOk()) << given << ": " << a.status().toString();
+    EXPECT_EQ(a.value(), resolved);
+  }
+  {
+    // A given address is local rank 0's; the others count up from its port.
+    EnvGuard env("10.1.2.3:9500");
+    EXPECT_EQ(metricsAddressFromEnv(2).value(), "10.1.2.3:9502");
+    EnvGuard top("10.1.2.3:65535");
+    EXPECT_FALSE(metricsAddressFromEnv(1).isOk());
   }
   for (const char* bad : {"1.2.3", "host:99999", ":", "1.2.3.4:0", "1.2.3.4:", "256.1.1.1:80", "1.2.3.4:80x",
                           " 1.2.3.4:80", "9400"}) {

@@ -239,6 +239,22 @@ TEST_F(TrainTest, ACheckpointOfAnotherRunIsRefused) {
   EXPECT_NE(r.status().message().find("written by a different run (widths"), std::string::npos) << r.status().message();
 }
 
+TEST_F(TrainTest, StopsAtTheTargetAccuracyOnEveryRank) {
+  TrainConfig cfg = smallConfig();
+  cfg.maxSteps = 200;
+  cfg.evalEvery = 5;
+  cfg.targetAccuracy = 0.6;
+  cfg.stopAtTarget = true;
+  std::string failure;
+  auto ranks = trainRanks(2, cfg, &failure);
+  ASSERT_EQ(failure, "");
+  EXPECT_GE(ranks[0].timeToTargetSec, 0);
+  EXPECT_LT(ranks[0].finalStep, 200);
+  EXPECT_EQ(ranks[0].finalStep % 5, 0) << "stops right after an evaluation";
+  EXPECT_EQ(ranks[1].finalStep, ranks[0].finalStep);
+  EXPECT_GE(ranks[0].testAccuracy, 0.6);
+}
+
 TEST_F(TrainTest, BadConfigurationsAreRefusedClearly) {
   TrainConfig cfg = smallConfig();
   cfg.globalBatch = 63;

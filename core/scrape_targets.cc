@@ -1,0 +1,117 @@
+#include "core/scrape_targets.h"
+
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "core/knobs.h"
+#include "core/log.h"
+
+namespace meridian {
+namespace {
+
+bool validJob(const std::string& job) {
+  if (job.empty() || job.size() > 128) return false;
+  for (char c : job)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') return false;
+  return job.front() != '.';
+}
+
+}  // namespace
+
+Result<std::pair<std::string, int>> parseHostPort(const std::string& text, bool allowPortZero) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos) return invalidArgument("expected host:port");
+  const std::string host = text.substr(0, colon);
+  const std::string portText = text.substr(colon + 1);
+  std::string ip;
+  if (host == "localhost") {
+    ip = "127.0.0.1";
+  } else if (host == "*" || host == "0.0.0.0") {
+    ip = "0.0.0.0";
+  } else {
+    in_addr parsed{};
+    if (host.empty() || ::inet_pton(AF_INET, host.c_str(), &parsed) != 1)
+      return invalidArgument("host '{}' is not an IPv4 address, localhost or *", host);
+    ip = host;
+  }
+  if (portText.empty() || portText.size() > 5 || portText.find_first_not_of("0123456789") != std::string::npos)
+    return invalidArgument("port '{}' is not a number in 1..65535", portText);
+  const int port = std::stoi(portText);
+  if (port > 65535 || (port == 0 && !allowPortZero)) return invalidArgument("port {} is out of range 1..65535", port);
+  return std::make_pair(ip, port);
+}
+
+Result<std::optional<std::pair<std::string, int>>> parseMetricsAddress(const std::string& value) {
+  using Address = std::optional<std::pair<std::string, int>>;
+  if (value.empty()) return Address(std::make_pair(std::string("127.0.0.1"), kMetricsBasePort));
+  if (value == "0") return Address();
+  auto parsed = parseHostPort(value, /*allowPortZero=*/false);
+  if (!parsed.isOk())
+    return invalidArgument("MERIDIAN_METRICS_ADDR='{}': {} (want host:port, or 0 for no metrics)", value,
+                           parsed.status().message());
+  return Address(*parsed);
+}
+
+std::optional<std::pair<std::string, int>> metricsBaseAddress() {
+  const char* v = std::getenv("MERIDIAN_METRICS_ADDR");
+  auto parsed = parseMetricsAddress(v == nullptr ? "" : v);
+  return parsed.isOk() ? *parsed : std::nullopt;
+}
+
+std::string scrapeTargetsDir() { return knobString(knobs::kPrometheusSdDir); }
+
+Status writeScrapeTargets(const std::string& job, const std::vector<ScrapeTarget>& targets) {
+  if (!validJob(job)) return invalidArgument("scrape targets: bad job name '{}'", job);
+  const std::string dir = scrapeTargetsDir();
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return invalidArgument("scrape targets: cannot create {}: {}", dir, ec.message());
+  nlohmann::json entries = nlohmann::json::array();
+  for (const auto& t : targets) {
+    nlohmann::json labels = nlohmann::json::object();
+    for (const auto& [k, v] : t.labels) labels[k] = v;
+    entries.push_back({{"targets", {t.address}}, {"labels", labels}});
+  }
+  const std::string path = dir + "/" + job + ".json";
+  const std::string tmp = dir + "/." + job + ".json.tmp" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << entries.dump(2) << "\n";
+    if (!out) return invalidArgument("scrape targets: cannot write {}", tmp);
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    return invalidArgument("scrape targets: cannot rename to {}: {}", path, ec.message());
+  }
+  return Status::ok();
+}
+
+void removeScrapeTargets(const std::string& job) {
+  if (!validJob(job)) return;
+  std::error_code ec;
+  std::filesystem::remove(scrapeTargetsDir() + "/" + job + ".json", ec);
+}
+
+ScrapeTargetsFile::ScrapeTargetsFile(std::string job, const std::vector<ScrapeTarget>& targets) : job_(std::move(job)) {
+  Status st = writeScrapeTargets(job_, targets);
+  if (!st.isOk()) {
+    MLOG_WARN(kMonitoring, "Prometheus will not find these ranks: {}", st.message());
+    job_.clear();
+  }
+}
+
+ScrapeTargetsFile::~ScrapeTargetsFile() {
+  if (!job_.empty()) removeScrapeTargets(job_);
+}
+
+}  // namespace meridian
