@@ -131,8 +131,12 @@ Result<std::optional<std::string>> metricsAddressFromEnv(int localRank) {
 }
 
 MetricsExporter::MetricsExporter(std::shared_ptr<prometheus::Collectable> collectable,
-                                 std::unique_ptr<prometheus::Exposer> exposer, std::string endpoint, int port)
-    : collectable_(std::move(collectable)), exposer_(std::move(exposer)), endpoint_(std::move(endpoint)), port_(port) {}
+                                 std::unique_ptr<prometheus::Exposer> exposer, std::string ip, int port)
+    : collectable_(std::move(collectable)),
+      exposer_(std::move(exposer)),
+      endpoint_(fmt::format("{}:{}", ip, port)),
+      ip_(std::move(ip)),
+      port_(port) {}
 
 // civetweb's accept loop notices a stop only when its poll of the listening socket
 // returns, up to 2 s later when nobody connects: knock until the server has stopped.
@@ -141,7 +145,7 @@ MetricsExporter::~MetricsExporter() {
   std::thread knocker;
   try {
     knocker = std::thread([this, &stopped] {
-      const sockaddr_in server = socketAddress("127.0.0.1", port_);  // reaches 0.0.0.0 too
+      const sockaddr_in server = socketAddress(ip_ == "0.0.0.0" ? "127.0.0.1" : ip_, port_);
       while (!stopped.load()) {
         knock(server);
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -170,9 +174,8 @@ Result<std::unique_ptr<MetricsExporter>> MetricsExporter::start(const std::strin
   if (ports.empty() || ports.front() <= 0) {
     return invalidArgument("metrics address {}: the server reports no listening port", address);
   }
-  std::string endpoint = fmt::format("{}:{}", where->ip, ports.front());
   return std::unique_ptr<MetricsExporter>(
-      new MetricsExporter(std::move(collectable), std::move(exposer), std::move(endpoint), ports.front()));
+      new MetricsExporter(std::move(collectable), std::move(exposer), where->ip, ports.front()));
 }
 
 std::unique_ptr<MetricsExporter> startExporterFromEnv(int localRank) {

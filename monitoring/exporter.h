@@ -43,11 +43,12 @@ class MetricsExporter {
 
  private:
   MetricsExporter(std::shared_ptr<prometheus::Collectable> collectable, std::unique_ptr<prometheus::Exposer> exposer,
-                  std::string endpoint, int port);
+                  std::string ip, int port);
 
   std::shared_ptr<prometheus::Collectable> collectable_;  // declared first: outlives the server
   std::unique_ptr<prometheus::Exposer> exposer_;
-  std::string endpoint_;
+  std::string endpoint_;  // ip_:port_
+  std::string ip_;
   int port_ = 0;
 };
 
