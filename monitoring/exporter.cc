@@ -2,9 +2,17 @@
 #include "monitoring/exporter.h"
 
 #include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <exception>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -18,6 +26,36 @@
 namespace meridian::monitoring {
 
 namespace {
+
+sockaddr_in socketAddress(const std::string& ip, int port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  ::inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
+  return a;
+}
+
+// Why civetweb could not listen on `where` (its exception does not say): bind the same
+// address ourselves and report the errno, e.g. "Address already in use".
+std::string bindFailureReason(const std::string& ip, int port, const char* civetwebMessage) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return civetwebMessage;
+  const int on = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);  // as civetweb does
+  const sockaddr_in a = socketAddress(ip, port);
+  std::string reason = civetwebMessage;
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) reason = std::strerror(errno);
+  ::close(fd);
+  return reason;
+}
+
+// Opens and drops a connection to the server: wakes civetweb's accept loop.
+void knock(const sockaddr_in& server) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return;
+  (void)::connect(fd, reinterpret_cast<const sockaddr*>(&server), sizeof server);
+  ::close(fd);
+}
 
 // Every scrape snapshots the registry afresh.
 class RegistryCollectable final : public prometheus::Collectable {
@@ -50,10 +88,32 @@ Result<std::optional<std::string>> metricsAddressFromEnv(int localRank) {
 }
 
 MetricsExporter::MetricsExporter(std::shared_ptr<prometheus::Collectable> collectable,
-                                 std::unique_ptr<prometheus::Exposer> exposer, std::string endpoint)
-    : collectable_(std::move(collectable)), exposer_(std::move(exposer)), endpoint_(std::move(endpoint)) {}
+                                 std::unique_ptr<prometheus::Exposer> exposer, std::string ip, int port)
+    : collectable_(std::move(collectable)),
+      exposer_(std::move(exposer)),
+      endpoint_(fmt::format("{}:{}", ip, port)),
+      ip_(std::move(ip)),
+      port_(port) {}
 
-MetricsExporter::~MetricsExporter() = default;  // stops the server (joining its threads) first
+// civetweb's accept loop notices a stop only when its poll of the listening socket
+// returns, up to 2 s later when nobody connects: knock until the server has stopped.
+MetricsExporter::~MetricsExporter() {
+  std::atomic<bool> stopped{false};
+  std::thread knocker;
+  try {
+    knocker = std::thread([this, &stopped] {
+      const sockaddr_in server = socketAddress(ip_ == "0.0.0.0" ? "127.0.0.1" : ip_, port_);
+      while (!stopped.load()) {
+        knock(server);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    });
+  } catch (const std::exception&) {  // no thread: the stop just takes longer
+  }
+  exposer_.reset();
+  stopped.store(true);
+  if (knocker.joinable()) knocker.join();
+}
 
 Result<std::unique_ptr<MetricsExporter>> MetricsExporter::start(const std::string& address, MetricsRegistry& registry) {
   auto where = parseHostPort(address, /*allowPortZero=*/true);
@@ -65,15 +125,15 @@ Result<std::unique_ptr<MetricsExporter>> MetricsExporter::start(const std::strin
     exposer = std::make_unique<prometheus::Exposer>(
         std::vector<std::string>{"listening_ports", listen, "num_threads", "2"});
   } catch (const std::exception& e) {  // civetweb's CivetException (a runtime_error) when it cannot bind
-    return invalidArgument("metrics address {}: cannot listen ({})", address, e.what());
+    return invalidArgument("metrics address {}: cannot listen: {}", address, bindFailureReason(where->first, where->second, e.what()));
   }
   exposer->RegisterCollectable(collectable);
   const std::vector<int> ports = exposer->GetListeningPorts();
   if (ports.empty() || ports.front() <= 0) {
     return invalidArgument("metrics address {}: the server reports no listening port", address);
   }
-  std::string endpoint = fmt::format("{}:{}", where->first, ports.front());
-  return std::unique_ptr<MetricsExporter>(new MetricsExporter(std::move(collectable), std::move(exposer), std::move(endpoint)));
+  return std::unique_ptr<MetricsExporter>(
+      new MetricsExporter(std::move(collectable), std::move(exposer), where->first, ports.front()));
 }
 
 std::unique_ptr<MetricsExporter> startExporterFromEnv(int localRank) {

@@ -40,11 +40,13 @@ class MetricsExporter {
 
  private:
   MetricsExporter(std::shared_ptr<prometheus::Collectable> collectable, std::unique_ptr<prometheus::Exposer> exposer,
-                  std::string endpoint);
+                  std::string ip, int port);
 
   std::shared_ptr<prometheus::Collectable> collectable_;  // declared first: outlives the server
   std::unique_ptr<prometheus::Exposer> exposer_;
-  std::string endpoint_;
+  std::string endpoint_;  // ip_:port_
+  std::string ip_;
+  int port_ = 0;
 };
 
 // For executables: resolves MERIDIAN_METRICS_ADDR and starts an exporter of the global

@@ -114,15 +114,16 @@ TEST(MetricsTest, AnnotationsExtendMatchingSamples) {
   r.annotate("path", "9", {{"plane", "unused"}});
   auto snap = r.snapshot();
   ASSERT_EQ(snap.size(), 2u);
-  ASSERT_EQ(snap[0].samples.size(), 2u);
-  EXPECT_EQ(snap[0].samples[0].labels,
-            (MetricLabels{{"path", "0"}, {"peer", "3"}, {"peer_region", "virginia"}, {"plane", "wan-a"}, {"rank", "0"}}));
-  EXPECT_EQ(snap[0].samples[1].labels, (MetricLabels{{"path", "1"}, {"peer", "4"}, {"plane", "const"}, {"rank", "0"}}));
+  ASSERT_EQ(snap[0].name, "meridian_test_rtt_seconds");
   // The sample's own peer_region wins over the annotation.
-  EXPECT_EQ(snap[1].samples[0].labels,
+  EXPECT_EQ(snap[0].samples[0].labels,
             (MetricLabels{{"peer", "3"}, {"peer_region", "mine"}, {"plane", "const"}, {"rank", "0"}}));
+  ASSERT_EQ(snap[1].samples.size(), 2u);
+  EXPECT_EQ(snap[1].samples[0].labels,
+            (MetricLabels{{"path", "0"}, {"peer", "3"}, {"peer_region", "virginia"}, {"plane", "wan-a"}, {"rank", "0"}}));
+  EXPECT_EQ(snap[1].samples[1].labels, (MetricLabels{{"path", "1"}, {"peer", "4"}, {"plane", "const"}, {"rank", "0"}}));
   r.annotate("peer", "3", {{"peer_region", "oregon"}});  // replaces
-  EXPECT_EQ(r.snapshot()[0].samples[0].labels[2], (std::pair<std::string, std::string>{"peer_region", "oregon"}));
+  EXPECT_EQ(r.snapshot()[1].samples[0].labels[2], (std::pair<std::string, std::string>{"peer_region", "oregon"}));
 }
 
 TEST(MetricsTest, BadConstLabelsAndAnnotationsThrow) {

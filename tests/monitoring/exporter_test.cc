@@ -84,6 +84,7 @@ TEST(ExporterTest, ABusyPortIsAnInvalidArgumentNamingTheAddress) {
   EXPECT_EQ(second.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(second.status().message().find("metrics address " + taken + ": "), std::string::npos)
       << second.status().toString();
+  EXPECT_NE(second.status().message().find("in use"), std::string::npos) << second.status().toString();
 }
 
 TEST(ExporterTest, StartRefusesBadAddresses) {
