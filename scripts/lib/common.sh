@@ -17,6 +17,9 @@ MERIDIAN_PACKAGES=(
   iproute2 libyaml-cpp-dev iperf3 iputils-ping
   libopenblas-dev zlib1g-dev dataset-fashion-mnist
 )
+# npm, for the Grafana dashboard schema check (tests/monitoring). Nodesource's nodejs ships
+# its own npm and conflicts with Debian's, so ask Debian only when there is none.
+command -v npm >/dev/null 2>&1 || MERIDIAN_PACKAGES+=(npm)
 
 say() { printf '\033[1m[meridian]\033[0m %s\n' "$*" >&2; }
 
