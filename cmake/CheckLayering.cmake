@@ -12,7 +12,7 @@ set(allowed_trainer core kernels transport routing collectives trainer monitorin
 set(allowed_monitoring core monitoring)
 set(allowed_nccl_plugin core transport routing nccl_plugin)
 set(allowed_lab core lab)
-set(allowed_bench core kernels transport routing collectives bench)
+set(allowed_bench core kernels transport routing collectives trainer monitoring bench)
 set(layers core kernels transport routing collectives trainer monitoring nccl_plugin lab bench)
 set(violations "")
 foreach(layer IN LISTS layers)

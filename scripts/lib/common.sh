@@ -18,6 +18,9 @@ MERIDIAN_PACKAGES=(
   libopenblas-dev zlib1g-dev dataset-fashion-mnist
   prometheus-cpp-dev prometheus gnuplot-nox
 )
+# npm, for the Grafana dashboard schema check (tests/monitoring). Nodesource's nodejs ships
+# its own npm and conflicts with Debian's, so ask Debian only when there is none.
+command -v npm >/dev/null 2>&1 || MERIDIAN_PACKAGES+=(npm)
 
 say() { printf '\033[1m[meridian]\033[0m %s\n' "$*" >&2; }
 
