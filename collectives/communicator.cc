@@ -151,7 +151,9 @@ Result<std::unique_ptr<Communicator>> Communicator::create(Store& store, int ran
   dev.localAddresses = opts.localAddresses;
   dev.streamsPerPath = opts.streamsPerPath;
   dev.secret = opts.secret;
-  dev.name = std::to_string(rank);
+  if (opts.name.size() > 6) return invalidArgument("communicator name '{}' is longer than 6 characters", opts.name);
+  comm->metricsName_ = opts.name + std::to_string(rank);
+  dev.name = comm->metricsName_;
   MERIDIAN_ASSIGN_OR_RETURN(comm->device_, transport::tcp::TcpDevice::create(std::move(dev)));
 
   // Communicators created in the same order on every rank get the same generation.
@@ -227,19 +229,27 @@ Result<std::unique_ptr<Communicator>> Communicator::createFromEnvironment(const 
 }
 
 void Communicator::labelMetrics() const {
-  auto& reg = MetricsRegistry::global();
   const std::string mine = static_cast<std::size_t>(rank_) < regionNames_.size() ? regionNames_[static_cast<std::size_t>(rank_)] : "";
   MetricLabels constant{{"rank", std::to_string(rank_)}};
   if (!mine.empty()) constant.emplace_back("region", mine);
-  reg.setConstLabels(constant);
+  MetricsRegistry::global().setConstLabels(constant);
+  labelPeerMetrics(regionNames_);
+}
+
+void Communicator::labelPeerMetrics(const std::vector<std::string>& memberRegions) const {
+  auto& reg = MetricsRegistry::global();
+  // Transport series carry this communicator's device label, routing series its prober's.
+  const MetricLabels mine[] = {{{"device", metricsName_}}, {{"prober", metricsName_}}};
   for (int p = 0; p < size_; ++p) {
     const auto pi = static_cast<std::size_t>(p);
-    if (p != rank_ && pi < regionNames_.size() && !regionNames_[pi].empty())
-      reg.annotate("peer", std::to_string(p), {{"peer_region", regionNames_[pi]}});
+    if (p == rank_ || pi >= memberRegions.size() || memberRegions[pi].empty()) continue;
+    for (const auto& when : mine) reg.annotate("peer", std::to_string(p), {{"peer_region", memberRegions[pi]}}, when);
   }
   const std::vector<std::string> planes = splitCommaList(knobString(knobs::kPlanes));
-  for (std::size_t i = 0; i < planes.size(); ++i) reg.annotate("path", std::to_string(i), {{"plane", planes[i]}});
-  reg.annotate("path", "relay", {{"plane", "relay"}});
+  for (const auto& when : mine) {
+    for (std::size_t i = 0; i < planes.size(); ++i) reg.annotate("path", std::to_string(i), {{"plane", planes[i]}}, when);
+    reg.annotate("path", "relay", {{"plane", "relay"}}, when);
+  }
 }
 
 double busBandwidthFactor(Communicator::OpKind op, int ranks) {
@@ -281,7 +291,7 @@ Status Communicator::startRouting(Store& store, const std::string& base, const C
     po.secret = opts.secret.empty() ? loadJobSecret() : opts.secret;
     po.sessionId = sessionId_;
     po.selfRank = rank_;
-    po.name = std::to_string(rank_);
+    po.name = metricsName_;
     // The channels outlive the monitor (it is reset first on abort), so it may use them.
     std::vector<transport::ChannelPtr> channels = channels_;
     MERIDIAN_ASSIGN_OR_RETURN(monitor_, routing::PathMonitor::create(po, adaptive_,

@@ -75,6 +75,10 @@ struct CommOptions {
   // collective a checkpoint (tests of plan switching).
   std::size_t planCheckpointOps = 0;
   std::chrono::milliseconds chaosReplan{-1};  // < 0: MERIDIAN_CHAOS_REPLAN_MS; 0: off
+  // Tells this communicator's metrics (device and prober labels, thread names) apart from
+  // other communicators of the same process: "<name><rank>"; empty: "<rank>". At most 6
+  // characters (thread names are short).
+  std::string name;
 };
 
 // Ranks grouped by region name in rank order (regions by first appearance); none when a
@@ -101,9 +105,13 @@ class Communicator {
 
   int rank() const { return rank_; }
   // Labels this process's metrics with this communicator's view: every series gets `rank`
-  // and `region` (this rank's), series of a peer get `peer_region`, series of a path get
-  // `plane` (MERIDIAN_PLANES). For the job's world communicator; executables call it once.
+  // and `region` (this rank's), this communicator's series of a peer get `peer_region`,
+  // those of a path `plane` (MERIDIAN_PLANES). For the job's world communicator;
+  // executables call it once.
   void labelMetrics() const;
+  // Only the peer and path labels, for a communicator over a subset of the job's ranks:
+  // memberRegions[r] is the region of this communicator's rank r.
+  void labelPeerMetrics(const std::vector<std::string>& memberRegions) const;
   // The rendezvous store a createFromEnvironment communicator keeps (more communicators
   // of the same job can be created through it); null for one made with create().
   Store* store() const;
@@ -222,6 +230,7 @@ class Communicator {
 
   const int rank_;
   const int size_;
+  std::string metricsName_;  // device and prober label: CommOptions::name + rank
   std::uint64_t sessionId_ = 0;
   std::chrono::milliseconds timeout_;
   std::size_t smallBytes_;

@@ -115,11 +115,20 @@ void MetricsRegistry::setConstLabels(MetricLabels labels) {
   constLabels_ = std::move(labels);
 }
 
-void MetricsRegistry::annotate(std::string key, std::string value, MetricLabels extra) {
+void MetricsRegistry::annotate(std::string key, std::string value, MetricLabels extra, MetricLabels when) {
   MERIDIAN_CHECK_MSG(validName(key), "invalid label name '{}' to annotate", key);
   checkLabelSet(extra, "an annotation");
+  checkLabelSet(when, "an annotation's condition");
+  std::sort(when.begin(), when.end());
   std::lock_guard lock(mu_);
-  annotations_[{std::move(key), std::move(value)}] = std::move(extra);
+  auto& list = annotations_[{std::move(key), std::move(value)}];
+  for (auto& a : list) {
+    if (a.when == when) {
+      a.extra = std::move(extra);
+      return;
+    }
+  }
+  list.push_back(Annotation{std::move(when), std::move(extra)});
 }
 
 MetricLabels MetricsRegistry::decorated(const MetricLabels& own) const {
@@ -132,7 +141,12 @@ MetricLabels MetricsRegistry::decorated(const MetricLabels& own) const {
   };
   for (const auto& kv : own) {
     auto it = annotations_.find(kv);
-    if (it != annotations_.end()) addMissing(it->second);
+    if (it == annotations_.end()) continue;
+    for (const auto& a : it->second) {
+      bool applies = true;
+      for (const auto& cond : a.when) applies = applies && std::find(own.begin(), own.end(), cond) != own.end();
+      if (applies) addMissing(a.extra);
+    }
   }
   addMissing(constLabels_);
   std::sort(out.begin(), out.end());

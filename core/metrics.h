@@ -88,11 +88,13 @@ class MetricsRegistry {
   // sample's own label with the same key wins. Replaces the previous const labels.
   // Throws CheckError on an invalid or repeated label name.
   void setConstLabels(MetricLabels labels);
-  // Every sample whose own labels include key=value also gets `extra` in snapshot(), e.g.
-  // annotate("peer", "3", {{"peer_region", "virginia"}}). Calling again for the same
-  // key=value replaces its extra labels. The sample's own labels win over annotations,
-  // annotations over const labels. Throws CheckError on an invalid or repeated label name.
-  void annotate(std::string key, std::string value, MetricLabels extra);
+  // Every sample whose own labels include key=value (and every label of `when`) also gets
+  // `extra` in snapshot(), e.g. annotate("peer", "3", {{"peer_region", "virginia"}},
+  // {{"prober", "0"}}): peer numbers are per communicator, so `when` names the one meant.
+  // Calling again for the same key=value and `when` replaces its extra labels. The sample's
+  // own labels win over annotations, annotations over const labels. Throws CheckError on an
+  // invalid or repeated label name.
+  void annotate(std::string key, std::string value, MetricLabels extra, MetricLabels when = {});
 
   // Every family by name, samples with their labels (own, annotations, const) sorted by key.
   std::vector<MetricFamilySnapshot> snapshot() const;
@@ -112,7 +114,11 @@ class MetricsRegistry {
   mutable std::mutex mu_;
   std::map<std::string, Family> families_;
   MetricLabels constLabels_;
-  std::map<std::pair<std::string, std::string>, MetricLabels> annotations_;  // (key, value) -> extra
+  struct Annotation {
+    MetricLabels when;
+    MetricLabels extra;
+  };
+  std::map<std::pair<std::string, std::string>, std::vector<Annotation>> annotations_;  // (key, value) -> ...
 };
 
 // Exponential bucket bounds: start, start*factor, ... (count of them).

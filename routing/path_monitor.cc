@@ -34,6 +34,7 @@ struct PathMonitor::Impl {
     Gauge* weight = nullptr;
   };
   std::unique_ptr<Prober> prober;
+  std::string proberName;  // labels this monitor's series apart from other communicators'
   bool adaptive = true;
   ApplyWeights apply;
   CongestionConfig config;
@@ -57,7 +58,8 @@ struct PathMonitor::Impl {
         auto [it, fresh] = tracked.try_emplace({row.peer, row.path}, Tracked{CongestionDetector(config)});
         Tracked& t = it->second;
         if (fresh) {
-          MetricLabels labels{{"peer", std::to_string(row.peer)}, {"path", std::to_string(row.path)}};
+          MetricLabels labels{{"peer", std::to_string(row.peer)}, {"path", std::to_string(row.path)},
+                              {"prober", proberName}};
           t.congested = &MetricsRegistry::global().gauge("meridian_routing_path_congested",
                                                          "1 while a path is judged congested", labels);
           t.weight = &MetricsRegistry::global().gauge("meridian_routing_path_weight",
@@ -108,6 +110,7 @@ Result<std::unique_ptr<PathMonitor>> PathMonitor::create(ProberOptions probe, bo
                                                          CongestionConfig congestion) {
   auto impl = std::make_unique<Impl>();
   impl->interval = probe.interval;
+  impl->proberName = probe.name;
   MERIDIAN_ASSIGN_OR_RETURN(impl->prober, Prober::create(std::move(probe)));
   impl->adaptive = adaptive;
   impl->apply = apply ? std::move(apply) : [](int, const std::vector<double>&) {};

@@ -39,7 +39,7 @@ startedProm=0
 cleanup() {
   local code=$?
   trap - EXIT INT TERM
-  [ -n "$trainPid" ] && kill "$trainPid" 2>/dev/null && wait "$trainPid" 2>/dev/null
+  if [ -n "$trainPid" ]; then kill "$trainPid" 2>/dev/null; wait "$trainPid" 2>/dev/null || true; fi
   if [ "${MERIDIAN_DEMO_KEEP:-0}" = 1 ] && [ "$code" = 0 ]; then
     say "left up: lab '$labName' (${lab[*]} down) and Prometheus (scripts/prometheus.sh stop)"
     exit 0
@@ -86,7 +86,7 @@ tail -n +1 --pid="$trainPid" -F "$out/train.log" 2>/dev/null | while IFS= read -
     fi
   fi
   if [[ $line == *"meridian-train summary"* ]] || ! kill -0 "$trainPid" 2>/dev/null; then break; fi
-done
+done || true  # tail ends by SIGPIPE once the loop is done
 wait "$trainPid" || { echo; say "training failed; its output:"; tail -n 30 "$out/train.log" >&2; exit 1; }
 trainPid=""
 echo

@@ -236,13 +236,23 @@ Status Run::setUpSync() {
   const int localIndex = static_cast<int>(std::find(mine.begin(), mine.end(), rank_) - mine.begin());
   collectives::CommOptions opts = ctx_.commOptions;
   opts.storePrefix = fmt::format("meridian/train/region{}", myRegion);
+  opts.name = "in";  // metrics and threads: "in<rank>" inside the region, "x<rank>" across
   MERIDIAN_ASSIGN_OR_RETURN(regionComm_, Communicator::create(*ctx_.store, localIndex, static_cast<int>(mine.size()), opts));
   comms_.push_back(CommUse{regionComm_.get(), mine});
   opts.storePrefix = fmt::format("meridian/train/cross{}", localIndex);
+  opts.name = "x";
   std::vector<int> cross;
   for (const auto& m : members) cross.push_back(m[static_cast<std::size_t>(localIndex)]);
   MERIDIAN_ASSIGN_OR_RETURN(crossComm_, Communicator::create(*ctx_.store, myRegion, regionCount, opts));
   comms_.push_back(CommUse{crossComm_.get(), cross});
+  // Their per-peer series name the peers' regions, as the world communicator's do.
+  const std::vector<std::string>& names = world->regionNames();
+  for (const CommUse& use : {comms_[comms_.size() - 2], comms_.back()}) {
+    std::vector<std::string> memberRegions;
+    for (int r : use.worldRanks)
+      memberRegions.push_back(static_cast<std::size_t>(r) < names.size() ? names[static_cast<std::size_t>(r)] : "");
+    use.comm->labelPeerMetrics(memberRegions);
+  }
   regionSync_ = std::make_unique<MeridianSyncComm>(*regionComm_);
   crossSync_ = std::make_unique<MeridianSyncComm>(*crossComm_);
   gradSync_ = std::make_unique<GradientSync>(backend_, regionComm_->size() > 1 ? regionSync_.get() : nullptr,

@@ -76,7 +76,9 @@ def main():
     # The latency matrix just before the congestion (or at the end without one).
     at = (inject - 2) if inject else end
     matrix = {}
-    for row in query(base, "max by (region, peer_region, plane) (meridian_routing_path_rtt_seconds)", at):
+    # The minimum round trip each pair's probes saw (the links themselves, without the queueing
+    # of the moment), the median over the node pairs of each region pair.
+    for row in query(base, "quantile by (region, peer_region, plane) (0.5, meridian_routing_path_min_rtt_seconds)", at):
         m = row["metric"]
         if "region" in m and "peer_region" in m and "plane" in m:
             matrix.setdefault(m["plane"], {})[(m["region"], m["peer_region"])] = 1e3 * float(row["value"][1])
@@ -100,7 +102,8 @@ def main():
         weight = series(query_range(base, f"min(meridian_routing_path_weight{{{pair}}})", inject - 10, end))
         t = first_time(weight, lambda v: v < 0.5, inject)
         reroute = t - inject if t else None
-    sps = series(query_range(base, 'max(meridian_trainer_samples_per_second{rank="0"})', start, end))
+    sps = series(query_range(base, 'avg_over_time(max(meridian_trainer_samples_per_second{rank="0"})[10s:1s])',
+                             start, end))
     busbw = series(query_range(base, 'max(meridian_collectives_busbw_bytes_per_second{op="allreduce",rank="0"})',
                                start, end))
     if inject and sps:
@@ -130,29 +133,30 @@ def main():
             f.write("\n")
     labels = ", ".join(f'"{r}" {i}' for i, r in enumerate(order))
     marker = f"set arrow from {inject - t0:.1f}, graph 0 to {inject - t0:.1f}, graph 1 nohead lc rgb 'red' dt 2\n" \
-             f"set label 'wan-a {r1}-{r2} cut to {a.congested_mbit:g} Mbit/s' at {inject - t0:.1f}, graph 0.95 " \
+             f"set label 'wan-a {r1}-{r2} cut to {a.congested_mbit:g} Mbit/s' at {inject - t0:.1f}, graph 0.97 " \
              f"tc rgb 'red' offset 0.5,0\n" if inject else ""
     with open(f"{a.out}/plot.gp", "w") as f:
         f.write(f"""set terminal pngcairo size 1400,560 font ',11'
 set output '{a.out}/demo.png'
 set multiplot layout 1,2 title 'Meridian demo: {train['ranks']} nodes, sync {train['sync']}, test accuracy {100 * train['test_accuracy']:.1f}%'
-set title 'Round-trip time, plane {plane} (ms), before the congestion'
+set title 'Minimum round trip, plane {plane} (ms), before the congestion'
 set xtics ({labels})
 set ytics ({labels})
+set yrange [] reverse
 set xlabel 'to'
 set ylabel 'from'
 set cbrange [0:*]
 set palette defined (0 '#f7fbff', 1 '#6baed6', 2 '#08306b')
 unset key
 plot '{a.out}/matrix.dat' using 1:2:3 with image, '' using 1:2:(sprintf('%.0f', $3)) with labels tc rgb 'black'
-unset xtics; unset ytics; set xtics; set ytics
+unset xtics; unset ytics; set xtics; set ytics; set yrange [*:*] noreverse
 set title 'Training rate and allreduce bus bandwidth'
 set xlabel 'seconds since training started'
 set ylabel 'samples/s'
 set y2label 'busbw (MB/s)'
 set y2tics
-set key top left
-{marker}plot '{a.out}/rate.dat' using 1:2 with lines lw 2 title 'samples/s (rank 0)', \\
+set key bottom left opaque
+{marker}plot '{a.out}/rate.dat' using 1:2 with lines lw 2 title 'samples/s (rank 0, 10 s average)', \\
      '{a.out}/busbw.dat' using 1:2 axes x1y2 with points pt 7 ps 0.4 title 'allreduce busbw'
 unset multiplot
 """)
@@ -164,12 +168,15 @@ unset multiplot
     print("\n== Meridian demo summary ==")
     print(f"  accuracy      {100 * train['test_accuracy']:.2f}% on the Fashion-MNIST test set "
           f"(sync {train['sync']}, {train['ranks']} nodes in {train['regions']} regions)")
+    import os
+    cores = os.cpu_count() or 1
+    shared = f"; the {train['ranks']} nodes share this machine's {cores} cores" if train["ranks"] > cores else ""
     print(f"  wall time     {train['wall_s']:.1f} s, {train['samples_per_s']:.0f} samples/s; "
-          f"speedup against one node {speedup:.2f}x (one node alone: {train['one_rank_samples_per_s']:.0f} samples/s)")
+          f"speedup against one node {speedup:.2f}x (one node alone: {train['one_rank_samples_per_s']:.0f} samples/s{shared})")
     print(f"  across WAN    {train['bytes_cross_region'] / 1e6:.1f} MB sent between regions "
           f"(of {train['bytes_sent'] / 1e6:.1f} MB)")
     for p in sorted(matrix):
-        print(f"  RTT {p:<6} (ms, measured by Meridian's probes before the congestion; rows from, columns to)")
+        print(f"  RTT {p:<6} (ms: minimum round trip Meridian's probes measured before the congestion; rows from, columns to)")
         print("                " + "".join(f"{r:>12}" for r in order))
         for s in order:
             cells = "".join(f"{matrix[p][(s, d)]:12.1f}" if (s, d) in matrix[p] else f"{'-':>12}" for d in order)

@@ -49,6 +49,7 @@ def needed_labels(expr, legend):
     for m in re.finditer(r"\bby\s*\(([^)]*)\)", expr):
         labels.update(x.strip() for x in m.group(1).split(",") if x.strip())
     labels.update(re.findall(r"\{\{\s*(\w+)\s*\}\}", legend))
+    labels.discard("le")  # grouped by for histogram_quantile, which consumes it
     return labels
 
 
