@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -103,6 +104,7 @@ int launchLocalRanks(const LocalLaunchOptions& options) {
       scrapeTargets = std::make_unique<ScrapeTargetsFile>(fmt::format("local-{}", ::getpid()), targets);
     }
   }
+  const pid_t launcher = ::getpid();
   std::map<pid_t, int> children;  // pid -> rank
   std::vector<pollfd> outputs;     // read ends of the ranks' output pipes
   std::vector<std::string> partials;
@@ -115,6 +117,10 @@ int launchLocalRanks(const LocalLaunchOptions& options) {
     pid_t pid = ::fork();
     if (pid < 0) throw std::runtime_error(fmt::format("fork: {}", std::strerror(errno)));
     if (pid == 0) {
+      // A rank never outlives its launcher: killed (by anything, even SIGKILL), it takes the
+      // ranks with it. Checked once more in case it died before the request was in place.
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != launcher) ::_exit(128 + SIGTERM);
       if (prefixed) {
         ::dup2(out[1], STDOUT_FILENO);
         ::dup2(out[1], STDERR_FILENO);

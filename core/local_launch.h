@@ -2,7 +2,8 @@
 // MERIDIAN_STORE on a free loopback port, and a fresh random MERIDIAN_SECRET unless a
 // job secret is set), waits for all, and returns the worst exit
 // code. If one rank fails, the others get SIGTERM after a grace period (only the PIDs
-// started here). Used by `meridian-bench --ranks N` and `meridian-train --ranks N`.
+// started here); if the launcher dies, however, every rank gets SIGTERM at once
+// (PR_SET_PDEATHSIG). Used by `meridian-bench --ranks N` and `meridian-train --ranks N`.
 #pragma once
 
 #include <chrono>

@@ -117,7 +117,11 @@ Result<int> pickMgmtIndex() {
   for (int i = 1; i < 255; ++i) {
     if (std::find(used.begin(), used.end(), i) != used.end()) continue;
     if (fs::exists("/sys/class/net/mrdmgmt" + std::to_string(i))) continue;
-    return i;
+    bool leftover = false;  // a veth of a lab whose namespace the kernel is still removing
+    std::error_code ec;
+    for (const auto& dev : fs::directory_iterator("/sys/class/net", ec))
+      leftover = leftover || dev.path().filename().string().rfind(fmt::format("mrdm{}v", i), 0) == 0;
+    if (!leftover) return i;
   }
   return invalidArgument("no free management subnet (198.19.1-254.0/24): take some labs down");
 }
@@ -171,12 +175,19 @@ Status teardown(const std::string& dir, int emulatorPid, const std::vector<std::
   if (emulatorPid > 0 && processAlive(emulatorPid) && isLabProcess(emulatorPid)) {
     stopProcess(emulatorPid, std::chrono::milliseconds(3000));
   }
+  // The management veths first, synchronously: the kernel removes those of a deleted
+  // namespace only later, and the next lab would trip over their names.
+  for (std::size_t n = 0; mgmtIndex > 0 && n < namespaces.size(); ++n) {
+    const std::string veth = fmt::format("mrdm{}v{}", mgmtIndex, n);
+    if (!fs::exists("/sys/class/net/" + veth)) continue;
+    Status st = runCommand({"ip", "link", "del", veth});
+    if (!st.isOk()) problems.push_back(st.message());
+  }
   for (const auto& ns : namespaces) {
     for (int pid : pidsInNamespace(ns)) stopProcess(pid, std::chrono::milliseconds(2000));
     Status st = deleteNamespace(ns);
     if (!st.isOk()) problems.push_back(st.message());
   }
-  // The nodes' veths went with their namespaces; the bridge stays until removed.
   if (mgmtIndex > 0 && fs::exists("/sys/class/net/mrdmgmt" + std::to_string(mgmtIndex))) {
     Status st = runCommand({"ip", "link", "del", "mrdmgmt" + std::to_string(mgmtIndex)});
     if (!st.isOk()) problems.push_back(st.message());

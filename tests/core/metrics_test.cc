@@ -1,6 +1,9 @@
 // The metrics registry: identity by name and labels, types, histograms, concurrency.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+
 #include <string>
 #include <thread>
 #include <utility>
@@ -124,6 +127,42 @@ TEST(MetricsTest, AnnotationsExtendMatchingSamples) {
   EXPECT_EQ(snap[1].samples[1].labels, (MetricLabels{{"path", "1"}, {"peer", "4"}, {"plane", "const"}, {"rank", "0"}}));
   r.annotate("peer", "3", {{"peer_region", "oregon"}});  // replaces
   EXPECT_EQ(r.snapshot()[1].samples[0].labels[2], (std::pair<std::string, std::string>{"peer_region", "oregon"}));
+}
+
+// Peer numbers are per communicator: an annotation with a condition labels only the series
+// of the communicator it names (its prober or device label).
+TEST(MetricsTest, ConditionalAnnotationsLabelOnlyTheirCommunicatorsSeries) {
+  MetricsRegistry r;
+  r.gauge("meridian_test_rtt_seconds", "rtt", {{"peer", "1"}, {"prober", "0"}}).set(1);     // world
+  r.gauge("meridian_test_rtt_seconds", "rtt", {{"peer", "1"}, {"prober", "x0"}}).set(2);    // cross-region
+  r.gauge("meridian_test_rtt_seconds", "rtt", {{"peer", "1"}, {"prober", "in0"}}).set(3);   // unlabelled
+  r.annotate("peer", "1", {{"peer_region", "london"}}, {{"prober", "0"}});
+  r.annotate("peer", "1", {{"peer_region", "virginia"}}, {{"prober", "x0"}});
+  auto snap = r.snapshot();
+  ASSERT_EQ(snap.size(), 1u);
+  std::map<std::string, std::string> regionOf;
+  for (const auto& sample : snap[0].samples) {
+    std::string prober, region = "-";
+    for (const auto& [k, v] : sample.labels) {
+      if (k == "prober") prober = v;
+      if (k == "peer_region") region = v;
+    }
+    regionOf[prober] = region;
+  }
+  EXPECT_EQ(regionOf["0"], "london");
+  EXPECT_EQ(regionOf["x0"], "virginia");
+  EXPECT_EQ(regionOf["in0"], "-");
+  // The same condition again replaces; another condition adds.
+  r.annotate("peer", "1", {{"peer_region", "singapore"}}, {{"prober", "x0"}});
+  const auto again = r.snapshot();
+  for (const auto& sample : again[0].samples) {
+    if (std::find(sample.labels.begin(), sample.labels.end(), std::make_pair(std::string("prober"), std::string("x0"))) !=
+        sample.labels.end()) {
+      EXPECT_NE(std::find(sample.labels.begin(), sample.labels.end(),
+                          std::make_pair(std::string("peer_region"), std::string("singapore"))),
+                sample.labels.end());
+    }
+  }
 }
 
 TEST(MetricsTest, BadConstLabelsAndAnnotationsThrow) {

@@ -106,6 +106,40 @@ TEST_F(TrainProcessTest, KilledHalfWayAndResumedEndsOnTheUninterruptedWeights) {
   }
 }
 
+// Killing the launcher of --ranks N (even with SIGKILL) takes its ranks with it: nothing
+// keeps training in the background.
+TEST_F(TrainProcessTest, RanksDieWithTheirLauncher) {
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const std::string data = dir_ + "/data";
+    ::execl(MERIDIAN_TRAIN_BIN, MERIDIAN_TRAIN_BIN, "--ranks", "2", "--data-dir", data.c_str(), "--quiet", "--model",
+            "784-32-10", "--epochs", "100000", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  std::vector<pid_t> ranks;
+  for (int i = 0; i < 200 && ranks.size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    std::ifstream children("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
+    ranks.clear();
+    for (pid_t c; children >> c;) ranks.push_back(c);
+  }
+  ASSERT_EQ(ranks.size(), 2u) << "the launcher did not start its ranks";
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  for (pid_t r : ranks) {
+    bool gone = false;
+    for (int i = 0; i < 200 && !gone; ++i) {
+      std::ifstream stat("/proc/" + std::to_string(r) + "/stat");
+      std::string pidText, comm, state;
+      gone = !(stat >> pidText >> comm >> state) || state == "Z" || state == "X";
+      if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    EXPECT_TRUE(gone) << "rank process " << r << " outlived its launcher";
+    if (!gone) ::kill(r, SIGKILL);
+  }
+}
+
 TEST_F(TrainProcessTest, HybridOverTwoNamedRegions) {
   const std::string json = dir_ + "/hybrid.json";
   auto r = runShell(train("--ranks 4 --regions eu,eu,us,us --sync hybrid -H 5 --model 784-32-10 --batch 64 "
