@@ -35,20 +35,25 @@ rm -f "$out"/*.json "$out"/*.log "$out"/*.dat "$out"/*.png "$out"/inject.txt
 export MERIDIAN_PROMETHEUS_DIR="$out/prometheus"
 
 trainPid=""
+readerPid=""
 startedProm=0
 cleanup() {
   local code=$?
   trap - EXIT INT TERM
+  set +e  # tear everything down, whatever fails on the way
+  # The training job first (its ranks die with it), then the lab and Prometheus.
   if [ -n "$trainPid" ]; then kill "$trainPid" 2>/dev/null; wait "$trainPid" 2>/dev/null || true; fi
+  if [ -n "$readerPid" ]; then kill "$readerPid" 2>/dev/null; wait "$readerPid" 2>/dev/null || true; fi
   if [ "${MERIDIAN_DEMO_KEEP:-0}" = 1 ] && [ "$code" = 0 ]; then
     say "left up: lab '$labName' (${lab[*]} down) and Prometheus (scripts/prometheus.sh stop)"
     exit 0
   fi
   "${lab[@]}" down >/dev/null 2>&1 || true
-  [ "$startedProm" = 1 ] && "$MERIDIAN_ROOT/scripts/prometheus.sh" stop >/dev/null 2>&1
+  if [ "$startedProm" = 1 ]; then "$MERIDIAN_ROOT/scripts/prometheus.sh" stop >/dev/null 2>&1 || true; fi
   exit "$code"
 }
 trap cleanup EXIT
+# Ctrl-C: the script waits in `wait` (below), which a signal interrupts at once.
 trap 'echo; say "interrupted: tearing down"; exit 130' INT TERM
 
 say "bringing up the three-region lab (London, Virginia, Singapore; 2 nodes each)"
@@ -67,28 +72,38 @@ say "training on 6 nodes: sync $sync, $epochs epochs of Fashion-MNIST; wan-a Lon
 "${lab[@]}" exec-all -- "$MERIDIAN_BUILD/trainer/meridian-train" --sync "$sync" -H 16 --model 784-256-256-10 \
   --batch 240 --epochs "$epochs" --log-every 5 --eval-every 100 --json "$out/train.json" > "$out/train.log" 2>&1 &
 trainPid=$!
-injected=0
-total=0
 bar() {  # bar STEP TOTAL TEXT
   local width=30 filled=$(( $1 * 30 / ($2 > 0 ? $2 : 1) ))
   printf '\r  [%-*s] %s' "$width" "$(printf '%*s' "$filled" '' | tr ' ' '#')" "$3"
 }
-tail -n +1 --pid="$trainPid" -F "$out/train.log" 2>/dev/null | while IFS= read -r line; do
-  if [[ $line =~ step\ +([0-9]+)/([0-9]+)\ \|.*loss\ ([0-9.]+).*train\ acc\ +([0-9.]+)%.*\|\ +([0-9]+)\ samples/s ]]; then
-    step=${BASH_REMATCH[1]}
-    total=${BASH_REMATCH[2]}
-    bar "$step" "$total" "step $step/$total  loss ${BASH_REMATCH[3]}  train acc ${BASH_REMATCH[4]}%  ${BASH_REMATCH[5]} samples/s  "
-    if [ "$injected" = 0 ] && [ "$step" -ge $((total / 2)) ]; then
-      "${lab[@]}" set wan-a london virginia --rate "${congestedMbit}Mbit" >/dev/null
-      date +%s.%N > "$out/inject.txt"
-      injected=1
-      printf '\n  >> congestion injected at step %s: wan-a London-Virginia now %s Mbit/s\n' "$step" "$congestedMbit"
+progress() {
+  local injected=0 step total line
+  tail -n +1 --pid="$trainPid" -F "$out/train.log" 2>/dev/null | while IFS= read -r line; do
+    if [[ $line =~ step\ +([0-9]+)/([0-9]+)\ \|.*loss\ ([0-9.]+).*train\ acc\ +([0-9.]+)%.*\|\ +([0-9]+)\ samples/s ]]; then
+      step=${BASH_REMATCH[1]}
+      total=${BASH_REMATCH[2]}
+      bar "$step" "$total" "step $step/$total  loss ${BASH_REMATCH[3]}  train acc ${BASH_REMATCH[4]}%  ${BASH_REMATCH[5]} samples/s  "
+      if [ "$injected" = 0 ] && [ "$step" -ge $((total / 2)) ]; then
+        "${lab[@]}" set wan-a london virginia --rate "${congestedMbit}Mbit" >/dev/null
+        date +%s.%N > "$out/inject.txt"
+        injected=1
+        printf '\n  >> congestion injected at step %s: wan-a London-Virginia now %s Mbit/s\n' "$step" "$congestedMbit"
+      fi
     fi
-  fi
-  if [[ $line == *"meridian-train summary"* ]] || ! kill -0 "$trainPid" 2>/dev/null; then break; fi
-done || true  # tail ends by SIGPIPE once the loop is done
-wait "$trainPid" || { echo; say "training failed; its output:"; tail -n 30 "$out/train.log" >&2; exit 1; }
+  done
+}
+progress &
+readerPid=$!
+if ! wait "$trainPid"; then
+  trainPid=""
+  echo
+  say "training failed; its output:"
+  tail -n 30 "$out/train.log" >&2
+  exit 1
+fi
 trainPid=""
+wait "$readerPid" 2>/dev/null || true
+readerPid=""
 echo
 sleep 3  # one more scrape after the end
 

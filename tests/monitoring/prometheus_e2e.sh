@@ -22,6 +22,7 @@ export MERIDIAN_SCRAPE_INTERVAL=1s
 export MERIDIAN_METRICS_ADDR=127.0.0.1:$((19000 + RANDOM % 400))
 jobPid=""
 cleanup() {
+  set +e
   if [ -n "$jobPid" ]; then kill "$jobPid" 2>/dev/null; wait "$jobPid" 2>/dev/null || true; fi
   "$src/scripts/prometheus.sh" stop >/dev/null 2>&1 || true
   rm -rf "$work"
