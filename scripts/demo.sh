@@ -10,7 +10,7 @@
 # congestion event and how Meridian responded, and where the metrics, dashboards and the
 # PNG are. The lab and Prometheus are taken down at the end, also on Ctrl-C or a failure.
 #
-# Needs root (network namespaces) and /dev/net/tun. About 5 minutes after the build.
+# Needs root (network namespaces) and /dev/net/tun. About 2 minutes after the build.
 # Environment: MERIDIAN_DEMO_SYNC (hybrid), MERIDIAN_DEMO_EPOCHS (2), MERIDIAN_DEMO_OUT
 # (./demo-out), MERIDIAN_DEMO_KEEP=1 leaves the lab and Prometheus up for a look.
 source "$(dirname "$0")/lib/common.sh"
