@@ -23,8 +23,12 @@ tail -n 3 "$out/kernels_parity.log"
 # A timed training run on the GPU (the default model, 2 epochs): one rank, then two ranks
 # sharing the GPU with DDP over loopback (gradients staged through pinned host memory).
 echo "== meridian-train on the GPU:"
+# The data set: Debian's package, or its copy in the sysroot of ../shared/device/fetch-debs.sh
+# (fetch-debs.sh DEST dataset-fashion-mnist).
+data=/usr/share/datasets/fashion-mnist
+[ -f "$data/train-images-idx3-ubyte.gz" ] || data=/tmp/sysroot/usr/share/datasets/fashion-mnist
 for n in 1 2; do
-  MERIDIAN_SECRET=gpu-check "$build/trainer/meridian-train" --ranks "$n" --device cuda --epochs 2 \
+  MERIDIAN_SECRET=gpu-check "$build/trainer/meridian-train" --ranks "$n" --device cuda --epochs 2 --data-dir "$data" \
     --json "$out/train-gpu-$n.json" >"$out/train-gpu-$n.log" 2>&1 || echo "meridian-train --ranks $n failed"
   tail -n 9 "$out/train-gpu-$n.log"
 done
