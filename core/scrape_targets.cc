@@ -5,7 +5,6 @@
 
 #include <cctype>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <utility>
@@ -62,8 +61,7 @@ Result<std::optional<std::pair<std::string, int>>> parseMetricsAddress(const std
 }
 
 std::optional<std::pair<std::string, int>> metricsBaseAddress() {
-  const char* v = std::getenv("MERIDIAN_METRICS_ADDR");
-  auto parsed = parseMetricsAddress(v == nullptr ? "" : v);
+  auto parsed = parseMetricsAddress(knobString(knobs::kMetricsAddr));
   return parsed.isOk() ? *parsed : std::nullopt;
 }
 

@@ -125,17 +125,16 @@ int runRank(const TrainConfig& cfg, const Args& a, SyncComm* external, const Ran
     }
     launch = *info;
   }
-  const collectives::LaunchInfo* info = &launch;
-  log::setRank(info->rank);
-  if (Status st = checkConfig(cfg, info->worldSize); !st.isOk()) {
-    std::fprintf(stderr, "meridian-train rank %d: %s\n", info->rank, st.message().c_str());
+  log::setRank(launch.rank);
+  if (Status st = checkConfig(cfg, launch.worldSize); !st.isOk()) {
+    std::fprintf(stderr, "meridian-train rank %d: %s\n", launch.rank, st.message().c_str());
     return 2;
   }
   std::unique_ptr<collectives::Communicator> comm;
-  if (external == nullptr && info->worldSize > 1) {
+  if (external == nullptr && launch.worldSize > 1) {
     auto c = collectives::Communicator::createFromEnvironment(ctx.commOptions);
     if (!c.isOk()) {
-      std::fprintf(stderr, "meridian-train rank %d: could not join the job: %s\n", info->rank,
+      std::fprintf(stderr, "meridian-train rank %d: could not join the job: %s\n", launch.rank,
                    c.status().toString().c_str());
       return 1;
     }
@@ -143,13 +142,13 @@ int runRank(const TrainConfig& cfg, const Args& a, SyncComm* external, const Ran
     ctx.comm = comm.get();
     ctx.store = comm->store();
   }
-  const std::shared_ptr<void> keep = onJoined ? onJoined(*info, comm.get()) : nullptr;
+  const std::shared_ptr<void> keep = onJoined ? onJoined(launch, comm.get()) : nullptr;
   auto result = train(cfg, ctx);
   if (!result.isOk()) {
-    std::fprintf(stderr, "meridian-train rank %d: %s\n", info->rank, result.status().toString().c_str());
+    std::fprintf(stderr, "meridian-train rank %d: %s\n", launch.rank, result.status().toString().c_str());
     return result.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
   }
-  if (info->rank == 0) {
+  if (launch.rank == 0) {
     printSummary(cfg, *result, backend->describe());
     if (!a.jsonPath.empty()) writeJson(a.jsonPath, cfg, *result, backend->describe());
   }
