@@ -566,8 +566,13 @@ void TcpDevice::Impl::readStream(Stream& s) {
   ChannelEntry& e = *s.entry;
   MultipathChannel& ch = *e.channel;
   std::size_t budget = kReadBudgetBytes;
+  // A read shorter than asked for emptied the socket: once its bytes are consumed, stop
+  // (epoll is level-triggered and reports what arrives later) instead of paying a
+  // recv that only says EAGAIN.
+  bool drained = false;
   while (!s.dead && budget > 0) {
     if (s.rpos == s.rlen) {
+      if (drained) return;
       s.rpos = s.rlen = 0;
       std::uint8_t* dst = s.rbuf.get();
       std::size_t want = kReadBufferBytes;
@@ -598,6 +603,7 @@ void TcpDevice::Impl::readStream(Stream& s) {
         return;
       }
       budget -= std::min<std::size_t>(budget, static_cast<std::size_t>(n));
+      drained = static_cast<std::size_t>(n) < want;
       if (direct) {
         s.payloadGot += static_cast<std::uint64_t>(n);
       } else {
@@ -678,7 +684,7 @@ void TcpDevice::Impl::flushStream(Stream& s) {
   // by progressChannels instead.
   if (ch.failed()) return;
   while (!s.dead) {
-    iovec iov[2];
+    iovec iov[3];
     int iovcnt = 0;
     if (!s.writing) {
       bool ctrlPending = s.ctrlDone < s.ctrl.size();
@@ -699,11 +705,14 @@ void TcpDevice::Impl::flushStream(Stream& s) {
         break;
       }
     }
+    // Control frames go first and never inside a data frame; a data frame that has not
+    // started rides in the same sendmsg (one syscall, one segment for the peer to read).
+    std::size_t ctrlBytes = 0;
     if (s.ctrlDone < s.ctrl.size() && (!s.writing || s.written == 0)) {
-      // Control frames go first, and never inside a data frame.
-      iov[0] = {s.ctrl.data() + s.ctrlDone, s.ctrl.size() - s.ctrlDone};
-      iovcnt = 1;
-    } else if (s.writing) {
+      ctrlBytes = s.ctrl.size() - s.ctrlDone;
+      iov[iovcnt++] = {s.ctrl.data() + s.ctrlDone, ctrlBytes};
+    }
+    if (s.writing) {
       if (s.written < kFrameHeaderBytes) {
         iov[iovcnt++] = {s.chunkHeader.data() + s.written, kFrameHeaderBytes - s.written};
       }
@@ -731,10 +740,12 @@ void TcpDevice::Impl::flushStream(Stream& s) {
       failPath(e, s.path, pathError("send to rank {}: {}", e.peerRank, errnoText(errno)), false);
       return;
     }
-    if (iovcnt == 1 && iov[0].iov_base == s.ctrl.data() + s.ctrlDone) {
-      s.ctrlDone += static_cast<std::size_t>(n);
-    } else {
-      s.written += static_cast<std::uint64_t>(n);
+    std::size_t sent = static_cast<std::size_t>(n);
+    const std::size_t toCtrl = std::min(sent, ctrlBytes);
+    s.ctrlDone += toCtrl;
+    sent -= toCtrl;
+    if (sent > 0) {
+      s.written += static_cast<std::uint64_t>(sent);
       if (s.written == s.frameBytes) {
         ch.onChunkWritten(s.path, s.chunk);
         s.writing = false;
