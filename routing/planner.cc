@@ -29,6 +29,8 @@ double linkSec(const LinkCost& l, double bytes) {
   return l.latencySec + bytes / l.bytesPerSec;
 }
 double linkSec(const NetworkView& v, int src, int dst, double bytes) { return linkSec(v.link(src, dst), bytes); }
+// Combining `bytes` of a received vector into the local one (0 when the rate is unknown).
+double reduceSec(const NetworkView& v, double bytes) { return v.reduceBytesPerSec > 0 ? bytes / v.reduceBytesPerSec : 0; }
 
 std::vector<int> identityOrder(int n) {
   std::vector<int> o(idx(std::max(n, 0)));
@@ -86,7 +88,8 @@ double ringSec(const NetworkView& v, const std::vector<int>& ring, double bytes)
   const std::size_t n = ring.size();
   if (n < 2) return 0;
   const double nd = static_cast<double>(n);
-  return 2.0 * (nd - 1.0) * ringBottleneck(v, ring, bytes / nd).sec;
+  const double step = ringBottleneck(v, ring, bytes / nd).sec;
+  return (nd - 1.0) * (std::max(step, reduceSec(v, bytes / nd)) + step);
 }
 
 // Recursive doubling with the fold-in of collectives' recursiveDoublingAllreduce, on the
@@ -99,7 +102,7 @@ double halvingDoublingSec(const NetworkView& v, const std::vector<int>& order, d
   auto at = [&](int vr) { return order[idx(vr)]; };
   double fold = 0, unfold = 0;
   for (int k = 0; k < extra; ++k) {
-    fold = std::max(fold, linkSec(v, at(2 * k), at(2 * k + 1), bytes));
+    fold = std::max(fold, linkSec(v, at(2 * k), at(2 * k + 1), bytes) + reduceSec(v, bytes));
     unfold = std::max(unfold, linkSec(v, at(2 * k + 1), at(2 * k), bytes));
   }
   // Survivor s of the doubling: the odd one of fold pair s, or an unpaired rank.
@@ -108,7 +111,7 @@ double halvingDoublingSec(const NetworkView& v, const std::vector<int>& order, d
   for (int mask = 1; mask < p; mask <<= 1) {
     double round = 0;
     for (int s = 0; s < p; ++s) round = std::max(round, linkSec(v, survivor(s), survivor(s ^ mask), bytes));
-    total += round;
+    total += round + reduceSec(v, bytes);
   }
   return total;
 }
@@ -129,7 +132,7 @@ double treeSec(const NetworkView& v, const std::vector<int>& order, int root, do
       up = std::max(up, linkSec(v, at(vr), at(vr - mask), bytes));
       down = std::max(down, linkSec(v, at(vr - mask), at(vr), bytes));
     }
-    total += up + down;
+    total += up + reduceSec(v, bytes) + down;
   }
   return total;
 }
@@ -150,7 +153,7 @@ double hierarchicalSec(const NetworkView& v, const std::vector<std::vector<int>>
   if (g > 1) {
     double intra = 0;
     for (const auto& grp : groups) intra = std::max(intra, ringBottleneck(v, grp, bytes / gd).sec);
-    total += 2.0 * (gd - 1.0) * intra;
+    total += (gd - 1.0) * (std::max(intra, reduceSec(v, bytes / gd)) + intra);
   }
   if (groups.size() > 1) {
     const double shard = bytes / (gd * rd);
@@ -164,10 +167,10 @@ double hierarchicalSec(const NetworkView& v, const std::vector<std::vector<int>>
           }
         }
       }
-      total += 2.0 * step;
+      total += 2.0 * step + (rd - 1.0) * reduceSec(v, shard);
     } else {
       for (std::size_t i = 0; i < g; ++i) step = std::max(step, ringBottleneck(v, crossRing(groups, cross, i), shard).sec);
-      total += 2.0 * (rd - 1.0) * step;
+      total += (rd - 1.0) * (std::max(step, reduceSec(v, shard)) + step);
     }
   }
   return total;
@@ -180,7 +183,7 @@ double parameterServerSec(const NetworkView& v, int hub, double bytes) {
     push = std::max(push, linkSec(v, j, hub, bytes));
     pull = std::max(pull, linkSec(v, hub, j, bytes));
   }
-  return push + pull;
+  return std::max(push, static_cast<double>(v.ranks - 1) * reduceSec(v, bytes)) + pull;
 }
 
 // The region-ordered cross order of a hierarchical plan, after checking that its groups fit.
@@ -958,6 +961,9 @@ Plan randomPlan(const NetworkView& view, std::uint64_t seed) {
 Status validate(const NetworkView& view) {
   if (view.ranks < 1) return invalidArgument("network view: {} ranks (want >= 1)", view.ranks);
   if (view.regions < 1) return invalidArgument("network view: {} regions (want >= 1)", view.regions);
+  if (!std::isfinite(view.reduceBytesPerSec) || view.reduceBytesPerSec < 0) {
+    return invalidArgument("network view: reduce rate {} bytes/s", view.reduceBytesPerSec);
+  }
   const std::size_t n = idx(view.ranks);
   if (view.links.size() != n * n) {
     return invalidArgument("network view: {} links for {} ranks (want {})", view.links.size(), n, n * n);

@@ -36,6 +36,11 @@ struct NetworkView {
   std::vector<LinkCost> links;  // [src * ranks + dst]; the diagonal is ignored
   std::vector<int> regionOf;    // per rank, region index 0..regions-1
   int regions = 1;
+  // How fast one rank combines a received vector into its own (bytes of vector per second,
+  // f32 sum), as measured on the planning rank; 0 = unknown, reductions cost nothing. Only
+  // matters where links are as fast as memory (one host, a fast LAN): there, an algorithm
+  // that reduces whole vectors between transfers loses to a ring that overlaps them.
+  double reduceBytesPerSec = 0;
   const LinkCost& link(int src, int dst) const;
 };
 
@@ -86,6 +91,12 @@ struct Plan {
 //    the result back: max over j of t(j->h, B) + max over j of t(h->j, B). Bounded by the hub's
 //    own links only, which is why choosePlan only offers it when the hub is much better
 //    connected than the rest (otherwise it would flatter a hub whose NIC is shared n-1 ways).
+// Reductions (r(b) = b / view.reduceBytesPerSec, 0 when unknown): the ring and the hierarchical
+// region rings reduce segment by segment while the next segment travels, so a reduce-scatter
+// step lasts max(link, r(B/n)); recursive doubling, the tree and the direct cross-region
+// exchange reduce a whole received vector (or shard) before the next round: + r per round and
+// per received piece; the hub of kParameterServer folds in n-1 vectors segment by segment while
+// they arrive: max(push, (n-1) r(B)).
 // One rank costs 0 whatever the plan. A plan that does not fit the view (an order that is not a
 // permutation, a root out of range, unequal or incomplete groups) is a caller bug: CheckError.
 double predictSeconds(const NetworkView& view, const Plan& plan, std::size_t bytes);
