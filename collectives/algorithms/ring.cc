@@ -123,12 +123,14 @@ Status runRingReduceScatter(const AlgoContext& ctx, const RingReduceScatterPass&
   std::size_t posted = 0;
 
   for (std::size_t done = 0; done < total; ++done) {
-    MERIDIAN_RETURN_IF_ERROR(stepZero.sendUpTo(done + w.recvAhead));
+    // Receives first: the previous rank may be sending already, and what finds its receive
+    // posted lands in place instead of in a buffer.
     for (; posted < total && posted < done + w.recvAhead; ++posted, postCur.advance()) {
       MERIDIAN_ASSIGN_OR_RETURN(recvReqs[posted % w.recvAhead],
                                 postRecv(ctx, prev, recvSlots + (posted % w.recvAhead) * segBytes, segBytes,
                                          stepPhase(pass.phase, postCur.step)));
     }
+    MERIDIAN_RETURN_IF_ERROR(stepZero.sendUpTo(done + w.recvAhead));
 
     const std::size_t slot = done % w.recvAhead;
     const std::size_t sumSlot = done % w.sumSlots;
@@ -222,8 +224,8 @@ Status RingAllgather::run() {
   RingCursor procCur(sched);
 
   for (std::size_t done = 0; done < total; ++done) {
-    MERIDIAN_RETURN_IF_ERROR(stepZero.sendUpTo(done + w.recvAhead));
     MERIDIAN_RETURN_IF_ERROR(postUpTo(done + kPostAhead, false));
+    MERIDIAN_RETURN_IF_ERROR(stepZero.sendUpTo(done + w.recvAhead));
     const std::size_t slot = done % kPostAhead;
     const std::size_t bytes = sched.segmentElems(procCur.block(), procCur.seg) * es;
     MERIDIAN_RETURN_IF_ERROR(waitRequest(ctx_, recvReqs_[slot], bytes, "ring allgather receive"));

@@ -292,16 +292,23 @@ Status MultipathChannel::health() const {
 
 void MultipathChannel::drainPosted() {
   std::vector<std::shared_ptr<OutMessage>> sends;
-  std::vector<PostedRecv> recvs;
   {
     std::lock_guard lock(postMu_);
     sends.swap(postedSends_);
-    recvs.swap(postedRecvs_);
   }
   for (auto& m : sends) {
     drainedSendSeqEnd_ = m->seq + 1;
     sendingBySeq_[m->seq] = m;
     sending_.push_back(std::move(m));
+  }
+  drainPostedRecvs();
+}
+
+void MultipathChannel::drainPostedRecvs() {
+  std::vector<PostedRecv> recvs;
+  {
+    std::lock_guard lock(postMu_);
+    recvs.swap(postedRecvs_);
   }
   for (auto& r : recvs) {
     auto uq = unexpectedByTag_.find(r.tag);
@@ -649,6 +656,13 @@ void MultipathChannel::matchReady(std::shared_ptr<InMessage> msg) {
     std::shared_ptr<InMessage> m = std::move(work.back());
     work.pop_back();
     auto rq = recvsByTag_.find(m->tag);
+    if (rq == recvsByTag_.end()) {
+      // Its receive may have been posted during this round of progress (the poster runs on
+      // another thread): take it in now rather than buffer the message and copy it later.
+      drainPostedRecvs();
+      if (failed()) return;
+      rq = recvsByTag_.find(m->tag);
+    }
     Status st;
     if (rq != recvsByTag_.end() && !rq->second.empty()) {
       PostedRecv r = std::move(rq->second.front());

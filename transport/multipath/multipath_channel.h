@@ -150,6 +150,8 @@ class MultipathChannel : public Channel, public std::enable_shared_from_this<Mul
   };
 
   void kick();
+  // Takes newly posted receives in (binding those whose message came first).
+  void drainPostedRecvs();
   void requeueChunksOf(std::size_t path);
   void matchReady(std::shared_ptr<InMessage> msg);
   bool canMatch(const InMessage& m) const;
