@@ -1,78 +1,113 @@
 #!/usr/bin/env bash
 # Side by side: Meridian's allreduce against OpenMPI's MPI_Allreduce (TCP BTL over
 # loopback, no shared memory; its default algorithm and its ring), same ranks, same
-# sizes, one run. Prints the three tables and a ratio table, and writes them to
-# bench/results/allreduce-vs-openmpi-<ranks>ranks.md.
+# sizes. On this noisy machine one run of each says little, so the three contenders run
+# in turn ROUNDS times (default 5), and the tables give each one's median busbw per size
+# (and its range); the 8-byte latency is the median of ROUNDS runs of 2000 iterations
+# each, alternated the same way. Writes bench/results/allreduce-vs-openmpi-<ranks>ranks.md.
 #
-# Usage: bench/compare_mpi.sh [BUILD_DIR] [RANKS ...]      (defaults: build, 2 4)
+# Usage: [ROUNDS=5] bench/compare_mpi.sh [BUILD_DIR] [RANKS ...]      (defaults: build, 2 4)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 shift || true
 ranks=("$@")
 [ ${#ranks[@]} -gt 0 ] || ranks=(2 4)
+rounds=${ROUNDS:-5}
 sizes=(-b 8 -e 64M -f 2)
+lat=(-b 8 -e 8 -n 2000 -w 200)
 mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl tcp,self --mca btl_tcp_if_include lo
      --mca pml ob1)
+ring=(--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4)
 for tool in "$build/bench/meridian-bench" "$build/bench/mpi-coll-bench"; do
   [ -x "$tool" ] || { echo "missing $tool: build first (cmake --build $build)" >&2; exit 1; }
 done
 command -v mpirun >/dev/null || { echo "mpirun not found: apt-get install openmpi-bin libopenmpi-dev" >&2; exit 1; }
+[[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "ROUNDS must be a positive integer (got '$rounds')" >&2; exit 1; }
+
+# contender NAME RANKS ARGS...: one run of one contender (its table on stdout).
+contender() {
+  local name=$1 n=$2
+  shift 2
+  case $name in
+    mpi-default) "${mpi[@]}" -np "$n" "$build/bench/mpi-coll-bench" --ops all_reduce "$@" --label "tcp btl, default" ;;
+    mpi-ring) "${mpi[@]}" -np "$n" "${ring[@]}" "$build/bench/mpi-coll-bench" --ops all_reduce "$@" --label "tcp btl, ring" ;;
+    meridian) "$build/bench/meridian-bench" --ranks "$n" --ops all_reduce "$@" ;;
+  esac
+}
+names=(mpi-default mpi-ring meridian)
 
 mkdir -p "$root/bench/results"
 for n in "${ranks[@]}"; do
   out="$root/bench/results/allreduce-vs-openmpi-${n}ranks.md"
   tmp=$(mktemp -d)
-  echo "== $n ranks: OpenMPI default algorithm"
-  "${mpi[@]}" -np "$n" "$build/bench/mpi-coll-bench" --ops all_reduce "${sizes[@]}" --label "tcp btl, default" \
-    | tee "$tmp/mpi-default"
-  echo "== $n ranks: OpenMPI ring (coll_tuned_allreduce_algorithm 4)"
-  "${mpi[@]}" -np "$n" --mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4 \
-    "$build/bench/mpi-coll-bench" --ops all_reduce "${sizes[@]}" --label "tcp btl, ring" | tee "$tmp/mpi-ring"
-  echo "== $n ranks: Meridian"
-  "$build/bench/meridian-bench" --ranks "$n" --ops all_reduce "${sizes[@]}" | tee "$tmp/meridian"
-  # Small-message latency needs many iterations to settle (the sweep does 20 per size).
-  lat=(-b 8 -e 8 -n 2000 -w 200)
-  mpiLat=$("${mpi[@]}" -np "$n" "$build/bench/mpi-coll-bench" --ops all_reduce "${lat[@]}" | awk '/^  all_reduce/ {print $7}')
-  merLat=$("$build/bench/meridian-bench" --ranks "$n" --ops all_reduce "${lat[@]}" | awk '/^  all_reduce/ {print $7}')
-  latLine="8-byte allreduce latency over 2000 iterations (after 200 warm-up): OpenMPI default ${mpiLat} us, Meridian ${merLat} us, ratio $(awk -v a="$merLat" -v b="$mpiLat" 'BEGIN {printf "%.2f", a / b}')"
-  echo "$latLine"
-  # Ratio table: Meridian busbw over the better OpenMPI busbw; latency ratio at each size.
-  ratios=$(awk '
-    FNR == 1 { file++ }
-    /^  all_reduce/ { bw[file, $2] = $9; t[file, $2] = $7; if (file == 1) order[++n] = $2 }
+  for ((r = 1; r <= rounds; r++)); do
+    for c in "${names[@]}"; do
+      echo "== $n ranks, round $r/$rounds: $c"
+      contender "$c" "$n" "${sizes[@]}" | tee "$tmp/$c.$r" | grep -E '^  all_reduce +(1048576|16777216|67108864) '
+      contender "$c" "$n" "${lat[@]}" | awk '/^  all_reduce/ {print $7}' > "$tmp/lat.$c.$r"
+    done
+  done
+  # Per size: each contender's median busbw over the rounds (and min-max), the ratio of
+  # Meridian's median to the better OpenMPI median, and the median times.
+  table=$(for c in "${names[@]}"; do for ((r = 1; r <= rounds; r++)); do
+            awk -v c="$c" '/^  all_reduce/ {print c, $2, $9, $7}' "$tmp/$c.$r"; done; done | awk -v rounds="$rounds" '
+    function median(key, k, m, i, j, t, v) {
+      m = cnt[key]
+      for (i = 1; i <= m; i++) v[i] = val[key, i]
+      for (i = 2; i <= m; i++) { t = v[i]; for (j = i - 1; j >= 1 && v[j] > t; j--) v[j + 1] = v[j]; v[j + 1] = t }
+      lo[key] = v[1]; hi[key] = v[m]
+      return m % 2 ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2
+    }
+    {
+      if (!(($2) in seen)) { seen[$2] = 1; order[++ns] = $2 }
+      k = $1 SUBSEP $2; val[k, ++cnt[k]] = $3
+      kt = "t" SUBSEP $1 SUBSEP $2; val[kt, ++cnt[kt]] = $4
+    }
     END {
-      printf "| size (B) | OpenMPI default busbw | OpenMPI ring busbw | Meridian busbw | Meridian / best OpenMPI busbw | OpenMPI default time (us) | Meridian time (us) | time ratio (Meridian / OpenMPI default) |\n"
-      printf "| --- | --- | --- | --- | --- | --- | --- | --- |\n"
-      for (i = 1; i <= n; i++) {
-        s = order[i]; best = bw[1, s] > bw[2, s] ? bw[1, s] : bw[2, s]
-        printf "| %s | %s | %s | %s | %.2f | %s | %s | %.2f |\n", s, bw[1, s], bw[2, s], bw[3, s],
-               (best > 0 ? bw[3, s] / best : 0), t[1, s], t[3, s], (t[1, s] > 0 ? t[3, s] / t[1, s] : 0)
+      printf "| size (B) | OpenMPI default busbw | OpenMPI ring busbw | Meridian busbw | Meridian / best OpenMPI | OpenMPI default time (us) | Meridian time (us) |\n"
+      printf "| --- | --- | --- | --- | --- | --- | --- |\n"
+      for (i = 1; i <= ns; i++) {
+        s = order[i]
+        d = median("mpi-default" SUBSEP s); g = median("mpi-ring" SUBSEP s); m = median("meridian" SUBSEP s)
+        td = median("t" SUBSEP "mpi-default" SUBSEP s); tm = median("t" SUBSEP "meridian" SUBSEP s)
+        best = d > g ? d : g
+        printf "| %s | %.3f (%.3f-%.3f) | %.3f (%.3f-%.3f) | %.3f (%.3f-%.3f) | %.2f | %.1f | %.1f |\n", s,
+               d, lo["mpi-default" SUBSEP s], hi["mpi-default" SUBSEP s], g, lo["mpi-ring" SUBSEP s], hi["mpi-ring" SUBSEP s],
+               m, lo["meridian" SUBSEP s], hi["meridian" SUBSEP s], (best > 0 ? m / best : 0), td, tm
       }
-    }' "$tmp/mpi-default" "$tmp/mpi-ring" "$tmp/meridian")
+    }')
+  medianOf() { sort -g "$@" | awk '{v[NR] = $1} END {print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+  mpiLat=$(medianOf "$tmp"/lat.mpi-default.*)
+  merLat=$(medianOf "$tmp"/lat.meridian.*)
+  latLine="8-byte allreduce latency, median of $rounds runs of 2000 iterations (after 200 warm-up), alternated: OpenMPI default ${mpiLat} us ($(sort -g "$tmp"/lat.mpi-default.* | paste -sd' ')), Meridian ${merLat} us ($(sort -g "$tmp"/lat.meridian.* | paste -sd' ')), ratio $(awk -v a="$merLat" -v b="$mpiLat" 'BEGIN {printf "%.2f", a / b}')"
+  echo "$latLine"
   {
     echo "# Allreduce, $n ranks on one machine: Meridian vs OpenMPI $(mpirun --version | head -1 | awk '{print $NF}')"
     echo
-    echo "Measured $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) cores ($(uname -m)), loopback TCP, f32 sum, by:"
+    echo "Measured $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) cores ($(uname -m)), loopback TCP, f32 sum, Meridian at $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'), by:"
     echo
     echo '```'
-    echo "bench/compare_mpi.sh $build $n"
-    echo "# = ${mpi[*]} -np $n mpi-coll-bench --ops all_reduce ${sizes[*]}"
-    echo "#   (and again with --mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4)"
+    echo "ROUNDS=$rounds bench/compare_mpi.sh $build $n"
+    echo "# = $rounds rounds, each running in turn:"
+    echo "#   ${mpi[*]} -np $n mpi-coll-bench --ops all_reduce ${sizes[*]}"
+    echo "#   the same with ${ring[*]}"
     echo "#   meridian-bench --ranks $n --ops all_reduce ${sizes[*]}"
+    echo "#   and each of the three again with ${lat[*]} (latency)"
     echo '```'
     echo
-    echo "busbw in GB/s (nccl-tests convention, 2(n-1)/n x algbw). Ratio > 1: Meridian is faster."
+    echo "busbw in GB/s (nccl-tests convention, 2(n-1)/n x algbw): the median over the rounds, with the"
+    echo "lowest and highest in brackets. Ratio > 1: Meridian is faster."
     echo
-    echo "$ratios"
+    echo "$table"
     echo
     echo "$latLine"
     echo
-    echo "## Raw tables"
-    for f in mpi-default mpi-ring meridian; do echo; echo '```'; cat "$tmp/$f"; echo '```'; done
+    echo "## Raw tables of round 1"
+    for c in "${names[@]}"; do echo; echo '```'; cat "$tmp/$c.1"; echo '```'; done
   } > "$out"
   echo
-  echo "$ratios"
+  echo "$table"
   echo "(written to $out)"
   rm -rf "$tmp"
 done
