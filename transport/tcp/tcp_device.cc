@@ -161,11 +161,20 @@ struct Poller : Progressor {
   void beginPolling() override { pollers.fetch_add(1, std::memory_order_acq_rel); }
   void endPolling(bool handOver) override {
     if (pollers.fetch_sub(1, std::memory_order_acq_rel) == 1 && handOver) {
+      lastPollUs.store(0, std::memory_order_relaxed);
       std::lock_guard lock(idleMu);
       idleCv.notify_all();
     }
   }
+  // Whether a thread outside the engine drives it now: one in Request::wait, or one that
+  // called pollOnce (Request::test, NCCL's proxy through the plugin) within kTesterUs.
+  bool othersPolling() const {
+    return pollers.load(std::memory_order_acquire) > 0 ||
+           nowUs() - lastPollUs.load(std::memory_order_relaxed) < kTesterUs;
+  }
+  static constexpr std::int64_t kTesterUs = 1000;
   std::atomic<int> pollers{0};
+  std::atomic<std::int64_t> lastPollUs{0};
   std::mutex idleMu;
   std::condition_variable idleCv;
 };
@@ -853,6 +862,7 @@ void TcpDevice::Impl::processEvents(const epoll_event* events, int n) {
 }
 
 bool Poller::pollOnce(bool* ran) {
+  lastPollUs.store(nowUs(), std::memory_order_relaxed);
   std::unique_lock lock(mu, std::try_to_lock);
   if (ran != nullptr) *ran = lock.owns_lock() && impl != nullptr;
   if (!lock.owns_lock() || impl == nullptr) return false;
@@ -868,15 +878,17 @@ void TcpDevice::Impl::loop() {
   pthread_setname_np(pthread_self(), threadName.c_str());
   epoll_event events[64];
   while (running.load(std::memory_order_acquire)) {
-    if (poller->pollers.load(std::memory_order_acquire) > 0) {
-      // Threads in Request::wait are making progress: stay out of their way, but look in
-      // now and then (timers, and in case they stop without new work).
+    const bool others = poller->othersPolling();
+    if (others) {
+      // Threads in Request::wait or test are making progress: stay out of their way (two
+      // threads taking turns at one engine only wake each other), but look in now and then
+      // (timers, and in case they stop without new work).
       std::unique_lock idle(poller->idleMu);
       poller->idleCv.wait_for(idle, std::chrono::milliseconds(2), [&] {
-        return poller->pollers.load(std::memory_order_acquire) == 0 || !running.load(std::memory_order_acquire);
+        return !poller->othersPolling() || !running.load(std::memory_order_acquire);
       });
     }
-    int n = ::epoll_wait(epfd.get(), events, 64, poller->pollers.load(std::memory_order_acquire) > 0 ? 0 : 10);
+    int n = ::epoll_wait(epfd.get(), events, 64, others ? 0 : 10);
     std::lock_guard lock(poller->mu);
     processEvents(events, std::max(n, 0));
     // Expire handshakes and streams nobody claimed.
