@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/knobs.h"
+#include "core/host_port.h"
 #include "core/log.h"
 
 namespace meridian {
@@ -27,10 +28,8 @@ bool validJob(const std::string& job) {
 }  // namespace
 
 Result<std::pair<std::string, int>> parseHostPort(const std::string& text, bool allowPortZero) {
-  const auto colon = text.rfind(':');
-  if (colon == std::string::npos) return invalidArgument("expected host:port");
-  const std::string host = text.substr(0, colon);
-  const std::string portText = text.substr(colon + 1);
+  MERIDIAN_ASSIGN_OR_RETURN(const HostPort hp, splitHostPort(text));
+  const std::string& host = hp.host;
   std::string ip;
   if (host == "localhost") {
     ip = "127.0.0.1";
@@ -42,11 +41,8 @@ Result<std::pair<std::string, int>> parseHostPort(const std::string& text, bool 
       return invalidArgument("host '{}' is not an IPv4 address, localhost or *", host);
     ip = host;
   }
-  if (portText.empty() || portText.size() > 5 || portText.find_first_not_of("0123456789") != std::string::npos)
-    return invalidArgument("port '{}' is not a number in 1..65535", portText);
-  const int port = std::stoi(portText);
-  if (port > 65535 || (port == 0 && !allowPortZero)) return invalidArgument("port {} is out of range 1..65535", port);
-  return std::make_pair(ip, port);
+  if (hp.port == 0 && !allowPortZero) return invalidArgument("port 0 is out of range 1..65535");
+  return std::make_pair(ip, static_cast<int>(hp.port));
 }
 
 Result<std::optional<std::pair<std::string, int>>> parseMetricsAddress(const std::string& value) {

@@ -20,6 +20,7 @@
 
 #include "core/clock.h"
 #include "core/fd.h"
+#include "core/host_port.h"
 #include "core/log.h"
 #include "core/metrics.h"
 #include "routing/probe_wire.h"
@@ -31,20 +32,13 @@ namespace {
 constexpr std::int64_t kMinRttWindowUs = 120'000'000;  // 2 minutes
 
 Result<sockaddr_in> parseEndpoint(const std::string& text) {
-  auto colon = text.rfind(':');
-  if (colon == std::string::npos) return invalidArgument("probe endpoint '{}' is not ip:port", text);
+  auto hp = splitHostPort(text);
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  int port = 0;
-  try {
-    port = std::stoi(text.substr(colon + 1));
-  } catch (...) {
-    port = -1;
-  }
-  if (port <= 0 || port > 65535 || ::inet_pton(AF_INET, text.substr(0, colon).c_str(), &a.sin_addr) != 1) {
+  if (!hp.isOk() || hp->port == 0 || ::inet_pton(AF_INET, hp->host.c_str(), &a.sin_addr) != 1) {
     return invalidArgument("probe endpoint '{}' is not ip:port", text);
   }
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_port = htons(hp->port);
   return a;
 }
 

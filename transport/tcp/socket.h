@@ -8,18 +8,16 @@
 
 #include "core/clock.h"
 #include "core/fd.h"
+#include "core/host_port.h"
 #include "core/status.h"
 
 namespace meridian::transport::tcp {
 
-struct HostPort {
-  std::string host;
-  std::uint16_t port = 0;
-  std::string toString() const;
-};
+using meridian::HostPort;
 
-// Parses "host:port" (IPv4 literal or a resolvable name). kInvalidArgument on garbage.
-Result<HostPort> parseHostPort(const std::string& text);
+// Parses "host:port" (IPv4 literal or a resolvable name; core/host_port.h). kInvalidArgument
+// on garbage.
+inline Result<HostPort> parseHostPort(const std::string& text) { return splitHostPort(text); }
 
 // Listens on ip:port (port 0: the kernel picks one). Non-blocking when `nonBlocking`.
 Result<UniqueFd> listenOn(const std::string& ip, std::uint16_t port, bool nonBlocking, int backlog = 512);
