@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <cstring>
 #include <deque>
@@ -27,8 +28,13 @@ std::vector<std::uint8_t> pattern(std::size_t n, std::uint32_t seed) {
   return v;
 }
 
+// As NCCL does: warnings always, INFO lines with NCCL_DEBUG=INFO (or TRACE).
 void logToStderr(int level, unsigned long, const char*, int, const char* fmt, ...) {
-  if (level > kNcclLogWarn) return;
+  static const bool info = [] {
+    const char* d = std::getenv("NCCL_DEBUG");
+    return d != nullptr && (std::strcmp(d, "INFO") == 0 || std::strcmp(d, "TRACE") == 0);
+  }();
+  if (level > (info ? kNcclLogInfo : kNcclLogWarn)) return;
   va_list ap;
   va_start(ap, fmt);
   std::vfprintf(stderr, fmt, ap);

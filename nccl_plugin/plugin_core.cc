@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <pthread.h>
 #include <netinet/in.h>
 
 #include <algorithm>
@@ -11,14 +12,17 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <random>
 
 #include <fmt/format.h>
 
+#include "core/clock.h"
 #include "core/knobs.h"
 #include "core/log.h"
 #include "core/metrics.h"
 #include "core/wire.h"
+#include "routing/tcp_path_judge.h"
 #include "transport/tcp/socket.h"
 
 namespace meridian::plugin {
@@ -31,6 +35,9 @@ constexpr std::size_t kHandleHeaderBytes = 24;
 constexpr std::size_t kHandlePathBytes = 8;
 static_assert(kHandleHeaderBytes + ConnectHandle::kMaxPaths * kHandlePathBytes <= ConnectHandle::kBytes);
 constexpr int kUnknownSpeedMbps = 10'000;
+// How often the routing monitor judges the send connections' paths (the device reads TCP_INFO
+// once a second; a quicker look acts on a fresh reading sooner).
+constexpr auto kJudgePeriod = std::chrono::milliseconds(250);
 
 std::uint64_t randomId() {
   static std::mutex mu;
@@ -141,11 +148,20 @@ struct ListenComm {
   std::uint64_t listenId = 0;
 };
 
+// A send connection as the routing monitor sees it (shared: closeSend may drop the comm
+// while a judging round still holds it).
+struct Route {
+  int connectionId = 0;
+  transport::ChannelPtr channel;
+  routing::TcpPathJudge judge;  // the monitor's, under Core::judgeMu_
+};
+
 struct SendComm {
   int dev = 0;
   std::uint64_t listenId = 0;
   int connectionId = 0;
   transport::ChannelPtr channel;
+  std::shared_ptr<Route> route;
   int inflight = 0;  // under Core::mu_
 };
 
@@ -184,9 +200,63 @@ Result<Core*> Core::instance() {
   (void)log::logger();
   (void)MetricsRegistry::global();
   std::atexit([] {
+    core->stopMonitor();
     for (auto& d : core->devices_) d.tcp.reset();
   });
+  if (core->adaptive_) core->monitor_ = std::thread([] { core->monitorLoop(); });
   return core;
+}
+
+void Core::monitorLoop() {
+  pthread_setname_np(pthread_self(), "mer-nccl-route");
+  std::unique_lock lock(monitorMu_);
+  while (!monitorCv_.wait_for(lock, kJudgePeriod, [&] { return stopping_; })) {
+    lock.unlock();
+    judgePathsOnce();
+    lock.lock();
+  }
+}
+
+void Core::stopMonitor() {
+  {
+    std::lock_guard lock(monitorMu_);
+    stopping_ = true;
+  }
+  monitorCv_.notify_all();
+  if (monitor_.joinable()) monitor_.join();
+}
+
+void Core::judgePathsOnce() {
+  std::vector<std::shared_ptr<Route>> routes;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [key, comm] : sends_) routes.push_back(comm->route);
+  }
+  std::lock_guard judging(judgeMu_);
+  const std::int64_t now = nowUs();
+  for (const auto& r : routes) {
+    const std::vector<transport::PathStats> stats = r->channel->pathStats();
+    std::optional<std::vector<double>> weights = r->judge.update(now, stats);
+    for (std::size_t path : r->judge.changed()) {
+      const routing::TcpPathVerdict& v = r->judge.verdicts()[path];
+      MLOG_INFO(kPlugin, "connection {}: path {} ({}) {}: {}", r->connectionId, path, stats[path].localAddress,
+                v.state == routing::CongestionState::kCongested ? "congested" : "clear again", v.reason);
+    }
+    if (weights) r->channel->setPathWeights(*weights);
+  }
+}
+
+Result<std::vector<double>> Core::sendPathWeights(const SendComm* comm) const {
+  std::shared_ptr<Route> route;
+  {
+    std::lock_guard lock(mu_);
+    auto it = sends_.find(comm);
+    if (it == sends_.end()) return invalidArgument("not a live send comm");
+    route = it->second->route;
+  }
+  std::vector<double> w;
+  for (const auto& p : route->channel->pathStats()) w.push_back(p.weight);
+  return w;
 }
 
 Status Core::init() {
@@ -213,6 +283,7 @@ Status Core::init() {
     for (const auto& p : paths) groups.push_back({p});
   }
   const bool adaptive = knobString(knobs::kRouting) != "static";
+  adaptive_ = adaptive;
   for (std::size_t d = 0; d < groups.size(); ++d) {
     Device dev;
     dev.info.name = fmt::format("meridian{}", d);
@@ -285,6 +356,9 @@ Result<SendComm*> Core::connect(int dev, std::span<std::uint8_t, ConnectHandle::
   setHandlePending(handle, 0);
   if (!ch) return ch.status().withContext("connect");
   comm->channel = std::move(ch).value();
+  comm->route = std::make_shared<Route>();
+  comm->route->connectionId = comm->connectionId;
+  comm->route->channel = comm->channel;
   SendComm* raw = comm.get();
   sends_[raw] = std::move(comm);
   return raw;

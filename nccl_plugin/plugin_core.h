@@ -9,11 +9,18 @@
 // multipath channel stripes inside it; MERIDIAN_NCCL_DEVICES=paths exposes one device per
 // path instead.
 //
+// Routing: with MERIDIAN_ROUTING=adaptive (the default) a monitor thread ("mer-nccl-route")
+// judges every send connection's paths four times a second from the kernel's TCP figures of
+// their streams (routing::TcpPathJudge: queueing delay over the minimum RTT, retransmitted
+// share) and moves traffic off a congested path through the channel's path weights, as
+// probed channels do; NCCL's connections carry no probe endpoints.
+//
 // Threads: NCCL calls from its proxy threads; every method is thread-safe.
 #pragma once
 
 #include <array>
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <future>
 #include <map>
@@ -21,6 +28,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/status.h"
@@ -67,6 +75,7 @@ struct MemHandle {
   int type = 0;
 };
 struct PluginRequest;
+struct Route;
 
 class Core {
  public:
@@ -103,6 +112,12 @@ class Core {
   bool isRecv(const void* p) const;
   bool isRequest(const void* p) const;
 
+  // Path weights the monitor has given the send comm's channel (its PathStats weights), and
+  // how many congestion state changes it has seen on it: for tests and the check tool.
+  Result<std::vector<double>> sendPathWeights(const SendComm* comm) const;
+  // One round of the routing monitor now (it also runs on its own thread); for tests.
+  void judgePathsOnce();
+
  private:
   struct Device {
     DeviceInfo info;
@@ -115,6 +130,15 @@ class Core {
   };
   Core() = default;
   Status init();
+  void monitorLoop();
+  void stopMonitor();
+
+  bool adaptive_ = true;
+  std::thread monitor_;
+  std::mutex monitorMu_;
+  std::condition_variable monitorCv_;
+  bool stopping_ = false;  // under monitorMu_
+  std::mutex judgeMu_;     // one judging round at a time (the thread, or a test)
 
   std::vector<Device> devices_;
   mutable std::mutex mu_;

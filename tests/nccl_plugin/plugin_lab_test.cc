@@ -1,7 +1,9 @@
 // The NCCL net plugin between two lab regions (label `lab`): meridian-nccl-check's listener on
 // an east node and its connector on a west node, three rounds of the conformance plan, while
 // wan-a between the regions first drops to 10 Mbit/s and is then cut entirely. Every transfer
-// completes intact on what is left (the multipath channel inside the plugin's one device).
+// completes intact on what is left (the multipath channel inside the plugin's one device), and
+// while wan-a is only slow the plugin's routing monitor sees the queue in the kernel's RTT of
+// the sender's streams and moves the traffic off it.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -23,8 +25,10 @@ TEST(NcclPluginLabTest, TransfersSurviveAPathDegradedAndThenCutBetweenRegions) {
   auto up = session.up();
   ASSERT_EQ(up.code, 0) << up.output;
   const std::string handle = ::testing::TempDir() + "/nccl-lab-handle";
-  const std::string env = fmt::format("env LD_LIBRARY_PATH={} MERIDIAN_SECRET=nccl-lab MERIDIAN_PATH_STALL_MS=1000",
-                                      MERIDIAN_PLUGIN_DIR);
+  const std::string env = fmt::format(
+      "env LD_LIBRARY_PATH={} MERIDIAN_SECRET=nccl-lab MERIDIAN_PATH_STALL_MS=1000 NCCL_DEBUG=INFO "
+      "MERIDIAN_LOG=info:plugin",
+      MERIDIAN_PLUGIN_DIR);
   meridian::testing::CommandResult listener;
   std::thread receiving([&] {
     listener = session.run(fmt::format("run east-1 -- {} {} --listen --handle-file {} --repeat 3", env,
@@ -38,7 +42,9 @@ TEST(NcclPluginLabTest, TransfersSurviveAPathDegradedAndThenCutBetweenRegions) {
   });
   std::this_thread::sleep_for(std::chrono::seconds(2));
   auto degrade = session.run("set wan-a east west --rate 10Mbit");
-  std::this_thread::sleep_for(std::chrono::seconds(2));
+  // Long enough for a few once-a-second TCP_INFO readings to show the queue (the detector
+  // wants three in a row).
+  std::this_thread::sleep_for(std::chrono::seconds(8));
   auto cut = session.run("cut wan-a east west");
   sending.join();
   receiving.join();
@@ -48,6 +54,13 @@ TEST(NcclPluginLabTest, TransfersSurviveAPathDegradedAndThenCutBetweenRegions) {
   EXPECT_EQ(listener.code, 0) << listener.output;
   EXPECT_NE(sender.output.find("sender passed"), std::string::npos) << sender.output;
   EXPECT_NE(listener.output.find("receiver passed"), std::string::npos) << listener.output;
+  // wan-a is the sender's path 0 (MERIDIAN_PATHS lists the planes in order).
+  EXPECT_NE(sender.output.find(": path 0 (198.18.0."), std::string::npos) << sender.output;
+  EXPECT_NE(sender.output.find(") congested: queueing"), std::string::npos) << sender.output;
+  if (auto at = sender.output.find(") congested: "); at != std::string::npos) {
+    const auto begin = sender.output.rfind('\n', at) + 1;  // npos + 1 == 0: the first line
+    std::printf("[ routing  ] %s\n", sender.output.substr(begin, sender.output.find('\n', at) - begin).c_str());
+  }
   if (auto at = listener.output.find("meridian-nccl-check:"); at != std::string::npos) {
     std::printf("[ plugin   ] %s", listener.output.substr(at).c_str());
   }

@@ -71,6 +71,8 @@ struct MultipathChannel::PathState {
   std::atomic<double> tcpRttUs{-1};
   std::atomic<double> tcpDeliveryBytesPerSec{0};
   std::atomic<std::uint64_t> tcpRetransmits{0};
+  std::atomic<double> tcpMinRttUs{0};
+  std::atomic<std::uint64_t> tcpSegmentsSent{0};
   Counter* bytesSent;
   Counter* chunksSent;
   Counter* chunksResent;
@@ -265,6 +267,8 @@ std::vector<PathStats> MultipathChannel::pathStats() const {
     s.tcpRttUs = p->tcpRttUs.load(std::memory_order_relaxed);
     s.tcpDeliveryBytesPerSec = p->tcpDeliveryBytesPerSec.load(std::memory_order_relaxed);
     s.tcpRetransmits = p->tcpRetransmits.load(std::memory_order_relaxed);
+    s.tcpMinRttUs = p->tcpMinRttUs.load(std::memory_order_relaxed);
+    s.tcpSegmentsSent = p->tcpSegmentsSent.load(std::memory_order_relaxed);
     out.push_back(std::move(s));
   }
   return out;
@@ -539,15 +543,16 @@ void MultipathChannel::onPathUp(std::size_t path, int via) {
   MLOG_INFO(kTransport, "path {} to rank {} is up (relayed through rank {})", path, peerRank_, via);
 }
 
-void MultipathChannel::setTcpFigures(std::size_t path, double rttUs, double deliveryBytesPerSec,
-                                     std::uint64_t retransmits) {
+void MultipathChannel::setTcpFigures(std::size_t path, const TcpFigures& f) {
   PathState& p = *paths_[path];
-  p.tcpRttUs.store(rttUs, std::memory_order_relaxed);
-  p.tcpDeliveryBytesPerSec.store(deliveryBytesPerSec, std::memory_order_relaxed);
-  p.tcpRetransmits.store(retransmits, std::memory_order_relaxed);
-  p.tcpRtt->set(rttUs * 1e-6);
-  p.tcpDelivery->set(deliveryBytesPerSec);
-  p.tcpRetrans->set(static_cast<double>(retransmits));
+  p.tcpRttUs.store(f.rttUs, std::memory_order_relaxed);
+  p.tcpMinRttUs.store(f.minRttUs, std::memory_order_relaxed);
+  p.tcpDeliveryBytesPerSec.store(f.deliveryBytesPerSec, std::memory_order_relaxed);
+  p.tcpRetransmits.store(f.retransmits, std::memory_order_relaxed);
+  p.tcpSegmentsSent.store(f.segmentsSent, std::memory_order_relaxed);
+  p.tcpRtt->set(f.rttUs * 1e-6);
+  p.tcpDelivery->set(f.deliveryBytesPerSec);
+  p.tcpRetrans->set(static_cast<double>(f.retransmits));
 }
 
 void MultipathChannel::checkStalls(std::int64_t nowUs) {

@@ -131,7 +131,7 @@ class MultipathChannel : public Channel, public std::enable_shared_from_this<Mul
   void onPathUp(std::size_t path, int via);
   void checkStalls(std::int64_t nowUs);
   // The kernel's figures for a path's streams (see PathStats).
-  void setTcpFigures(std::size_t path, double rttUs, double deliveryBytesPerSec, std::uint64_t retransmits);
+  void setTcpFigures(std::size_t path, const TcpFigures& figures);
   // Fails every outstanding request and all later calls with `why`.
   void fail(const Status& why);
   bool failed() const { return failed_.load(std::memory_order_acquire); }

@@ -770,18 +770,20 @@ void TcpDevice::Impl::flushStream(Stream& s) {
 
 void TcpDevice::Impl::readTcpInfo(ChannelEntry& e) {
   for (std::size_t p = 0; p < e.streams.size(); ++p) {
-    double rttUs = -1, rate = 0;
-    std::uint64_t retrans = 0;
+    TcpFigures f;
     for (const auto& s : e.streams[p]) {
       if (s->dead) continue;
       tcp_info info{};
       socklen_t len = sizeof(info);
       if (::getsockopt(s->fd.get(), IPPROTO_TCP, TCP_INFO, &info, &len) != 0) continue;
-      rttUs = std::max(rttUs, static_cast<double>(info.tcpi_rtt));
-      rate += static_cast<double>(info.tcpi_delivery_rate);
-      retrans += info.tcpi_total_retrans;
+      f.rttUs = std::max(f.rttUs, static_cast<double>(info.tcpi_rtt));
+      const double minRtt = static_cast<double>(info.tcpi_min_rtt);
+      if (minRtt > 0 && (f.minRttUs == 0 || minRtt < f.minRttUs)) f.minRttUs = minRtt;
+      f.deliveryBytesPerSec += static_cast<double>(info.tcpi_delivery_rate);
+      f.retransmits += info.tcpi_total_retrans;
+      f.segmentsSent += info.tcpi_segs_out;
     }
-    if (rttUs >= 0) e.channel->setTcpFigures(p, rttUs, rate, retrans);
+    if (f.rttUs >= 0) e.channel->setTcpFigures(p, f);
   }
 }
 

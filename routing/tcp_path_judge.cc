@@ -1,0 +1,62 @@
+// Congestion from TCP_INFO figures (tcp_path_judge.h).
+#include "routing/tcp_path_judge.h"
+
+#include <algorithm>
+
+#include "routing/path_monitor.h"
+
+namespace meridian::routing {
+
+TcpPathJudge::TcpPathJudge(CongestionConfig config) : config_(config) {}
+
+std::optional<std::vector<double>> TcpPathJudge::update(std::int64_t nowUs,
+                                                       const std::vector<transport::PathStats>& paths) {
+  changed_.clear();
+  while (tracks_.size() < paths.size()) tracks_.push_back(Track{CongestionDetector(config_)});
+  verdicts_.resize(tracks_.size());
+  std::vector<CongestionState> liveStates;  // dead paths are no alternative to move traffic to
+  std::vector<std::size_t> live;
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    const transport::PathStats& p = paths[i];
+    Track& t = tracks_[i];
+    if (p.alive && p.tcpRttUs >= 0) {
+      // Totals are summed over the path's live streams: a stream that died takes its share
+      // with it, so a total that went down starts a new baseline rather than a negative delta.
+      const bool fresh = !t.seen || p.tcpSegmentsSent < t.segments || p.tcpRetransmits < t.retransmits;
+      const std::uint64_t sent = fresh ? 0 : p.tcpSegmentsSent - t.segments;
+      const std::uint64_t resent = fresh ? 0 : p.tcpRetransmits - t.retransmits;
+      if (fresh || sent > 0) {
+        t.seen = true;
+        t.segments = p.tcpSegmentsSent;
+        t.retransmits = p.tcpRetransmits;
+      }
+      if (!fresh && sent > 0) {
+        if (t.minRttUs == 0 || p.tcpRttUs < t.minRttUs) t.minRttUs = p.tcpRttUs;
+        PathFigures f;
+        f.valid = true;
+        f.srttUs = p.tcpRttUs;
+        f.lastRttUs = p.tcpRttUs;
+        f.minRttUs = p.tcpMinRttUs > 0 ? std::min(p.tcpMinRttUs, p.tcpRttUs) : t.minRttUs;
+        f.loss = std::min(1.0, static_cast<double>(resent) / static_cast<double>(sent));
+        f.sent = t.segments;
+        if (t.detector.update(CongestionSample{nowUs, f, 0})) changed_.push_back(i);
+        ++verdicts_[i].samples;
+      }
+    }
+    verdicts_[i].state = t.detector.state();
+    verdicts_[i].reason = t.detector.reason();
+    if (p.alive) {
+      live.push_back(i);
+      liveStates.push_back(t.detector.state());
+    }
+  }
+  std::vector<double> w(paths.size(), 1.0);
+  const std::vector<double> liveWeights = weightsFor(liveStates);
+  for (std::size_t k = 0; k < live.size(); ++k) w[live[k]] = liveWeights[k];
+  if (applied_.size() != w.size()) applied_.assign(w.size(), 1.0);  // a channel starts neutral
+  if (w == applied_) return std::nullopt;
+  applied_ = w;
+  return w;
+}
+
+}  // namespace meridian::routing

@@ -1,0 +1,116 @@
+// TcpPathJudge on recorded readings: a path whose kernel RTT climbs over its minimum (a queue)
+// or that resends a share of its segments is judged congested after the detector's run of
+// samples and loses its weight; idle readings are not judged; a dying stream's totals do not
+// read as negative deltas; recovery takes the longer exit run.
+#include "routing/tcp_path_judge.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "routing/path_monitor.h"
+
+namespace meridian::routing {
+namespace {
+
+transport::PathStats path(double rttUs, double minRttUs, std::uint64_t segments, std::uint64_t resent) {
+  transport::PathStats p;
+  p.alive = true;
+  p.localAddress = "198.18.1.2";
+  p.tcpRttUs = rttUs;
+  p.tcpMinRttUs = minRttUs;
+  p.tcpSegmentsSent = segments;
+  p.tcpRetransmits = resent;
+  return p;
+}
+
+// Feeds `n` readings a second apart in which path 0 has `rtt0` (and resends `resent0` of
+// every 1000 segments) while path 1 stays at its 80 ms floor; returns the last update's result.
+struct Feed {
+  TcpPathJudge judge;
+  std::int64_t nowUs = 0;
+  std::uint64_t seg0 = 0, seg1 = 0, re0 = 0;
+  std::optional<std::vector<double>> run(int n, double rtt0, std::uint64_t resent0 = 0, bool busy0 = true) {
+    std::optional<std::vector<double>> last;
+    for (int i = 0; i < n; ++i) {
+      nowUs += 1'000'000;
+      if (busy0) seg0 += 1000;
+      re0 += busy0 ? resent0 : 0;
+      seg1 += 1000;
+      auto w = judge.update(nowUs, {path(rtt0, 80'000, seg0, re0), path(80'500, 80'000, seg1, 0)});
+      if (w) last = w;
+    }
+    return last;
+  }
+};
+
+TEST(TcpPathJudgeTest, QueueingOverTheKernelsMinimumRttMovesTrafficOff) {
+  Feed f;
+  EXPECT_FALSE(f.run(5, 81'000).has_value()) << "clear paths keep the neutral weights";
+  // 60 ms of queue on an 80 ms path: over max(5 ms, 0.5 x 80 ms).
+  auto w = f.run(2, 140'000);
+  EXPECT_FALSE(w.has_value()) << "two samples are below the detector's entry run";
+  w = f.run(1, 140'000);
+  ASSERT_TRUE(w.has_value());
+  EXPECT_EQ(*w, (std::vector<double>{kCongestedPathWeight, 1.0}));
+  EXPECT_EQ(f.judge.verdicts()[0].state, CongestionState::kCongested);
+  EXPECT_NE(f.judge.verdicts()[0].reason.find("queueing 60.0 ms over min RTT 80.0 ms"), std::string::npos)
+      << f.judge.verdicts()[0].reason;
+  EXPECT_EQ(f.judge.changed(), (std::vector<std::size_t>{0}));
+  EXPECT_FALSE(f.run(5, 140'000).has_value()) << "no change, nothing to apply";
+  // Recovery needs the exit run (10 clear samples).
+  EXPECT_FALSE(f.run(9, 81'000).has_value());
+  w = f.run(1, 81'000);
+  ASSERT_TRUE(w.has_value());
+  EXPECT_EQ(*w, (std::vector<double>{1.0, 1.0}));
+}
+
+TEST(TcpPathJudgeTest, ResentSegmentsCountAsLoss) {
+  Feed f;
+  f.run(1, 81'000);
+  auto w = f.run(3, 81'000, 50);  // 5% of the segments resent
+  ASSERT_TRUE(w.has_value());
+  EXPECT_EQ(*w, (std::vector<double>{kCongestedPathWeight, 1.0}));
+  EXPECT_NE(f.judge.verdicts()[0].reason.find("loss 5.0%"), std::string::npos) << f.judge.verdicts()[0].reason;
+}
+
+TEST(TcpPathJudgeTest, IdleReadingsAreNotJudged) {
+  Feed f;
+  f.run(1, 81'000);
+  // A stale RTT from before the path went idle says nothing about now.
+  EXPECT_FALSE(f.run(10, 140'000, 0, /*busy0=*/false).has_value());
+  EXPECT_EQ(f.judge.verdicts()[0].state, CongestionState::kClear);
+  EXPECT_EQ(f.judge.verdicts()[0].samples, 0);
+  EXPECT_EQ(f.judge.verdicts()[1].samples, 10);
+}
+
+TEST(TcpPathJudgeTest, TotalsThatFallStartANewBaseline) {
+  TcpPathJudge judge;
+  std::int64_t t = 0;
+  judge.update(t += 1'000'000, {path(81'000, 80'000, 50'000, 900)});
+  // One of the path's streams died: its segments and retransmits leave the sums. Without a
+  // new baseline the unsigned deltas would wrap into a huge "loss".
+  EXPECT_FALSE(judge.update(t += 1'000'000, {path(81'000, 80'000, 20'000, 100)}).has_value());
+  for (int i = 0; i < 5; ++i) judge.update(t += 1'000'000, {path(81'000, 80'000, 20'000 + 1000 * (i + 1), 100)});
+  EXPECT_EQ(judge.verdicts()[0].state, CongestionState::kClear);
+  EXPECT_EQ(judge.verdicts()[0].samples, 5);
+}
+
+TEST(TcpPathJudgeTest, EveryPathCongestedKeepsThemAllEqualAndDeadPathsAreSkipped) {
+  TcpPathJudge judge;
+  std::int64_t t = 0;
+  std::uint64_t seg = 0;
+  for (int i = 0; i < 6; ++i) {
+    seg += 1000;
+    auto dead = path(81'000, 80'000, seg, 0);
+    dead.alive = false;
+    auto w = judge.update(t += 1'000'000, {path(140'000, 80'000, seg, 0), path(150'000, 80'000, seg, 0), dead});
+    EXPECT_FALSE(w.has_value()) << "nothing clear to move the traffic to (round " << i << ")";
+  }
+  EXPECT_EQ(judge.verdicts()[0].state, CongestionState::kCongested);
+  EXPECT_EQ(judge.verdicts()[1].state, CongestionState::kCongested);
+  EXPECT_EQ(judge.verdicts()[2].samples, 0);
+}
+
+}  // namespace
+}  // namespace meridian::routing
