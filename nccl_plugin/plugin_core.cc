@@ -246,19 +246,6 @@ void Core::judgePathsOnce() {
   }
 }
 
-Result<std::vector<double>> Core::sendPathWeights(const SendComm* comm) const {
-  std::shared_ptr<Route> route;
-  {
-    std::lock_guard lock(mu_);
-    auto it = sends_.find(comm);
-    if (it == sends_.end()) return invalidArgument("not a live send comm");
-    route = it->second->route;
-  }
-  std::vector<double> w;
-  for (const auto& p : route->channel->pathStats()) w.push_back(p.weight);
-  return w;
-}
-
 Status Core::init() {
   const auto ifs = upInterfaces();
   std::vector<std::string> paths = splitCommaList(knobString(knobs::kPaths));

@@ -112,12 +112,6 @@ class Core {
   bool isRecv(const void* p) const;
   bool isRequest(const void* p) const;
 
-  // Path weights the monitor has given the send comm's channel (its PathStats weights), and
-  // how many congestion state changes it has seen on it: for tests and the check tool.
-  Result<std::vector<double>> sendPathWeights(const SendComm* comm) const;
-  // One round of the routing monitor now (it also runs on its own thread); for tests.
-  void judgePathsOnce();
-
  private:
   struct Device {
     DeviceInfo info;
@@ -131,6 +125,8 @@ class Core {
   Core() = default;
   Status init();
   void monitorLoop();
+  // One round of the routing monitor: judge every send connection's paths, apply weights.
+  void judgePathsOnce();
   void stopMonitor();
 
   bool adaptive_ = true;
