@@ -11,9 +11,9 @@
 //
 // Routing: with MERIDIAN_ROUTING=adaptive (the default) a monitor thread ("mer-nccl-route")
 // judges every send connection's paths four times a second from the kernel's TCP figures of
-// their streams (routing::TcpPathJudge: queueing delay over the minimum RTT, retransmitted
-// share) and moves traffic off a congested path through the channel's path weights, as
-// probed channels do; NCCL's connections carry no probe endpoints.
+// their streams (routing::TcpPathJudge: the retransmitted share) and moves traffic off a
+// congested path through the channel's path weights, as probed channels do; NCCL's
+// connections carry no probe endpoints.
 //
 // Threads: NCCL calls from its proxy threads; every method is thread-safe.
 #pragma once

@@ -2,10 +2,19 @@
 #include "routing/tcp_path_judge.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "routing/path_monitor.h"
 
 namespace meridian::routing {
+
+CongestionConfig tcpJudgeConfig() {
+  CongestionConfig c;
+  constexpr double kNever = std::numeric_limits<double>::infinity();
+  c.enterQueueingUs = kNever;  // never enters on queueing ...
+  c.exitQueueingUs = kNever;   // ... and never stays in for it
+  return c;
+}
 
 TcpPathJudge::TcpPathJudge(CongestionConfig config) : config_(config) {}
 

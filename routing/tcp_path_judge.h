@@ -1,10 +1,18 @@
 // TcpPathJudge: congestion detection and path weights for a channel that runs no probes (the
 // NCCL plugin's connections, whose peers publish no probe endpoints), from the kernel's own
 // figures of the channel's TCP streams (PathStats' TCP_INFO fields, read by the device about
-// once a second): smoothed RTT over the kernel's minimum RTT is the queueing delay, and the
-// segments retransmitted over those sent between two readings the loss. The same
-// CongestionDetector (hysteresis) and weightsFor as probed paths, so both kinds of channel
-// react alike. Pure: no clock, no I/O; the caller feeds readings and applies the weights.
+// once a second): the segments retransmitted over those sent between two readings are the
+// loss. The same CongestionDetector (hysteresis) and weightsFor as probed paths.
+//
+// Queueing is not judged here (tcpJudgeConfig): a bulk transfer fills its bottleneck's queue
+// by itself, so the kernel's RTT of the streams shows the transfer's own queue, which says
+// nothing about other traffic. Measured in the lab: with wan-a flooded by UDP cross-traffic,
+// a queueing-and-loss judge also flagged the saturated wan-b (22 ms over its 15 ms floor),
+// sometimes first, and pushed the traffic onto the flooded plane: 6.2-6.4 MiB/s against
+// 10.5-11.5 without a judge. Loss tells the two apart (14-25% on a flooded or cut-down plane,
+// well under the 2% mark on a plane the transfer saturates alone).
+//
+// Pure: no clock, no I/O; the caller feeds readings and applies the weights.
 //
 // Threads: one owner at a time (the plugin's monitor thread).
 #pragma once
@@ -25,9 +33,12 @@ struct TcpPathVerdict {
   int samples = 0;     // readings judged so far (busy ones only)
 };
 
+// The detector's settings for TCP-judged paths: the defaults, with queueing switched off.
+CongestionConfig tcpJudgeConfig();
+
 class TcpPathJudge {
  public:
-  explicit TcpPathJudge(CongestionConfig config = {});
+  explicit TcpPathJudge(CongestionConfig config = tcpJudgeConfig());
 
   // One reading of every path of the channel at `nowUs`. A path is judged only on readings in
   // which its streams sent segments since the last one it was judged on (an idle path's RTT is
