@@ -3,8 +3,8 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
-#include <pthread.h>
 #include <netinet/in.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <climits>
@@ -269,8 +269,7 @@ Status Core::init() {
   } else {
     for (const auto& p : paths) groups.push_back({p});
   }
-  const bool adaptive = knobString(knobs::kRouting) != "static";
-  adaptive_ = adaptive;
+  adaptive_ = knobString(knobs::kRouting) != "static";
   for (std::size_t d = 0; d < groups.size(); ++d) {
     Device dev;
     dev.info.name = fmt::format("meridian{}", d);
@@ -286,7 +285,7 @@ Status Core::init() {
     transport::tcp::DeviceOptions o;
     o.localAddresses = groups[d];
     o.name = fmt::format("nccl{}", d);
-    o.adaptive = adaptive;
+    o.adaptive = adaptive_;
     MERIDIAN_ASSIGN_OR_RETURN(dev.tcp, transport::tcp::TcpDevice::create(std::move(o)));
     devices_.push_back(std::move(dev));
   }

@@ -2,19 +2,10 @@
 #include "routing/tcp_path_judge.h"
 
 #include <algorithm>
-#include <limits>
 
 #include "routing/path_monitor.h"
 
 namespace meridian::routing {
-
-CongestionConfig tcpJudgeConfig() {
-  CongestionConfig c;
-  constexpr double kNever = std::numeric_limits<double>::infinity();
-  c.enterQueueingUs = kNever;  // never enters on queueing ...
-  c.exitQueueingUs = kNever;   // ... and never stays in for it
-  return c;
-}
 
 TcpPathJudge::TcpPathJudge(CongestionConfig config) : config_(config) {}
 
@@ -40,12 +31,8 @@ std::optional<std::vector<double>> TcpPathJudge::update(std::int64_t nowUs,
         t.retransmits = p.tcpRetransmits;
       }
       if (!fresh && sent > 0) {
-        if (t.minRttUs == 0 || p.tcpRttUs < t.minRttUs) t.minRttUs = p.tcpRttUs;
+        // Loss only: figures without an echo (valid false) are not judged on queueing.
         PathFigures f;
-        f.valid = true;
-        f.srttUs = p.tcpRttUs;
-        f.lastRttUs = p.tcpRttUs;
-        f.minRttUs = p.tcpMinRttUs > 0 ? std::min(p.tcpMinRttUs, p.tcpRttUs) : t.minRttUs;
         f.loss = std::min(1.0, static_cast<double>(resent) / static_cast<double>(sent));
         f.sent = t.segments;
         if (t.detector.update(CongestionSample{nowUs, f, 0})) changed_.push_back(i);

@@ -4,7 +4,7 @@
 // once a second): the segments retransmitted over those sent between two readings are the
 // loss. The same CongestionDetector (hysteresis) and weightsFor as probed paths.
 //
-// Queueing is not judged here (tcpJudgeConfig): a bulk transfer fills its bottleneck's queue
+// Queueing is not judged here (the figures carry no RTT): a bulk transfer fills its bottleneck's queue
 // by itself, so the kernel's RTT of the streams shows the transfer's own queue, which says
 // nothing about other traffic. Measured in the lab: with wan-a flooded by UDP cross-traffic,
 // a queueing-and-loss judge also flagged the saturated wan-b (22 ms over its 15 ms floor),
@@ -33,12 +33,9 @@ struct TcpPathVerdict {
   int samples = 0;     // readings judged so far (busy ones only)
 };
 
-// The detector's settings for TCP-judged paths: the defaults, with queueing switched off.
-CongestionConfig tcpJudgeConfig();
-
 class TcpPathJudge {
  public:
-  explicit TcpPathJudge(CongestionConfig config = tcpJudgeConfig());
+  explicit TcpPathJudge(CongestionConfig config = {});
 
   // One reading of every path of the channel at `nowUs`. A path is judged only on readings in
   // which its streams sent segments since the last one it was judged on (an idle path's RTT is
@@ -55,7 +52,6 @@ class TcpPathJudge {
     CongestionDetector detector;
     bool seen = false;
     std::uint64_t segments = 0, retransmits = 0;
-    double minRttUs = 0;  // our own floor when the kernel gives none
   };
   CongestionConfig config_;
   std::vector<Track> tracks_;

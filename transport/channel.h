@@ -41,16 +41,14 @@ struct PathStats {
   double tcpRttUs = -1;
   double tcpDeliveryBytesPerSec = 0;
   std::uint64_t tcpRetransmits = 0;
-  // ... the smallest RTT the kernel saw on any of them (0 until known), and the segments
-  // they have sent so far (with tcpRetransmits: the share resent between two readings).
-  double tcpMinRttUs = 0;
+  // ... and the segments they have sent so far (with tcpRetransmits: the share resent
+  // between two readings).
   std::uint64_t tcpSegmentsSent = 0;
 };
 
 // One reading of the kernel's figures for a path's streams (TCP_INFO), as PathStats shows them.
 struct TcpFigures {
   double rttUs = -1;
-  double minRttUs = 0;
   double deliveryBytesPerSec = 0;
   std::uint64_t retransmits = 0;
   std::uint64_t segmentsSent = 0;

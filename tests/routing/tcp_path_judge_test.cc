@@ -13,12 +13,12 @@
 namespace meridian::routing {
 namespace {
 
-transport::PathStats path(double rttUs, double minRttUs, std::uint64_t segments, std::uint64_t resent) {
+transport::PathStats path(double rttUs, double /*minRttUs: the kernel's, not judged*/, std::uint64_t segments,
+                          std::uint64_t resent) {
   transport::PathStats p;
   p.alive = true;
   p.localAddress = "198.18.1.2";
   p.tcpRttUs = rttUs;
-  p.tcpMinRttUs = minRttUs;
   p.tcpSegmentsSent = segments;
   p.tcpRetransmits = resent;
   return p;

@@ -71,7 +71,6 @@ struct MultipathChannel::PathState {
   std::atomic<double> tcpRttUs{-1};
   std::atomic<double> tcpDeliveryBytesPerSec{0};
   std::atomic<std::uint64_t> tcpRetransmits{0};
-  std::atomic<double> tcpMinRttUs{0};
   std::atomic<std::uint64_t> tcpSegmentsSent{0};
   Counter* bytesSent;
   Counter* chunksSent;
@@ -267,7 +266,6 @@ std::vector<PathStats> MultipathChannel::pathStats() const {
     s.tcpRttUs = p->tcpRttUs.load(std::memory_order_relaxed);
     s.tcpDeliveryBytesPerSec = p->tcpDeliveryBytesPerSec.load(std::memory_order_relaxed);
     s.tcpRetransmits = p->tcpRetransmits.load(std::memory_order_relaxed);
-    s.tcpMinRttUs = p->tcpMinRttUs.load(std::memory_order_relaxed);
     s.tcpSegmentsSent = p->tcpSegmentsSent.load(std::memory_order_relaxed);
     out.push_back(std::move(s));
   }
@@ -546,7 +544,6 @@ void MultipathChannel::onPathUp(std::size_t path, int via) {
 void MultipathChannel::setTcpFigures(std::size_t path, const TcpFigures& f) {
   PathState& p = *paths_[path];
   p.tcpRttUs.store(f.rttUs, std::memory_order_relaxed);
-  p.tcpMinRttUs.store(f.minRttUs, std::memory_order_relaxed);
   p.tcpDeliveryBytesPerSec.store(f.deliveryBytesPerSec, std::memory_order_relaxed);
   p.tcpRetransmits.store(f.retransmits, std::memory_order_relaxed);
   p.tcpSegmentsSent.store(f.segmentsSent, std::memory_order_relaxed);

@@ -777,8 +777,6 @@ void TcpDevice::Impl::readTcpInfo(ChannelEntry& e) {
       socklen_t len = sizeof(info);
       if (::getsockopt(s->fd.get(), IPPROTO_TCP, TCP_INFO, &info, &len) != 0) continue;
       f.rttUs = std::max(f.rttUs, static_cast<double>(info.tcpi_rtt));
-      const double minRtt = static_cast<double>(info.tcpi_min_rtt);
-      if (minRtt > 0 && (f.minRttUs == 0 || minRtt < f.minRttUs)) f.minRttUs = minRtt;
       f.deliveryBytesPerSec += static_cast<double>(info.tcpi_delivery_rate);
       f.retransmits += info.tcpi_total_retrans;
       f.segmentsSent += info.tcpi_segs_out;
