@@ -42,7 +42,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   ch->drainPosted();
   ch->schedule(0);
   OutChunk c;
-  while (ch->nextChunk(0, &c) || ch->nextChunk(1, &c)) ch->onChunkWritten(0, c);
+  while (ch->nextChunk(0, &c) || ch->nextChunk(1, &c)) ch->onChunkWritten(0, c, 0);
 
   std::size_t pos = 0;
   std::int64_t now = 0;

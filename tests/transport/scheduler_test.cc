@@ -70,28 +70,82 @@ TEST(SchedulerTest, LatencyAndWeightShiftTheChoice) {
   EXPECT_EQ(pickPath(loads, 4096)->path, 1u);
 }
 
-TEST(RateEstimatorTest, MeasuresAckedBytesOverBusyIntervals) {
-  RateEstimator r(1e9, 1000);
-  EXPECT_FALSE(r.measured());
-  r.onBusy(0);
-  r.onAcked(1'000'000, 500, true);  // too short for a sample
-  EXPECT_FALSE(r.measured());
-  r.onAcked(1'000'000, 2000, true);  // 2 MB in 2 ms = 1 GB/s
-  EXPECT_TRUE(r.measured());
-  EXPECT_NEAR(r.bytesPerSec(), 1e9, 1e6);
-  r.onAcked(100'000, 4000, false);  // 100 kB in 2 ms = 50 MB/s, smoothed
-  EXPECT_NEAR(r.bytesPerSec(), 0.75e9 + 0.25 * 5e7, 1e6);
+// Sends `n` chunks of `bytes` at `sendAt(i)` and acknowledges them at `ackAt(i)` (both in
+// order), the way a channel drives its path's estimator.
+template <typename SendAt, typename AckAt>
+void flight(RateEstimator& r, int n, std::uint64_t bytes, SendAt sendAt, AckAt ackAt, bool idleFirst = true) {
+  std::vector<RateStamp> stamps;
+  // Interleave as time goes: every send before an ack that comes later than it.
+  int acked = 0;
+  for (int i = 0; i < n; ++i) {
+    while (acked < i && ackAt(acked) <= sendAt(i)) {
+      r.onAcked(bytes, stamps[static_cast<std::size_t>(acked)], ackAt(acked));
+      ++acked;
+    }
+    stamps.push_back(r.onSent(sendAt(i), i == 0 ? idleFirst : acked == i));
+  }
+  for (; acked < n; ++acked) r.onAcked(bytes, stamps[static_cast<std::size_t>(acked)], ackAt(acked));
 }
 
+TEST(RateEstimatorTest, MeasuresASteadyFlow) {
+  RateEstimator r(1e9, 1000);
+  EXPECT_FALSE(r.measured());
+  // 1 MB chunks, one sent every 10 ms, each acknowledged 25 ms later: 100 MB/s.
+  flight(r, 50, 1'000'000, [](int i) { return 10'000LL * i; }, [](int i) { return 10'000LL * i + 25'000; });
+  EXPECT_TRUE(r.measured());
+  EXPECT_NEAR(r.bytesPerSec(), 1e8, 3e6);
+}
+
+TEST(RateEstimatorTest, TooShortOrTooSmallIsNoSample) {
+  RateEstimator r(1e9, 1000);
+  auto s = r.onSent(0, true);
+  r.onAcked(1'000'000, s, 500);  // 0.5 ms: under the minimum interval
+  EXPECT_FALSE(r.measured());
+  s = r.onSent(10'000, true);
+  r.onAcked(1000, s, 20'000);  // 1 kB: under the minimum sample
+  EXPECT_FALSE(r.measured());
+  EXPECT_DOUBLE_EQ(r.bytesPerSec(), 1e9);
+}
+
+// Acknowledgements that queue up behind data going the other way arrive all at once; the
+// bytes still took the whole flight to arrive, and the rate must say so, not "16 MB in a
+// millisecond".
+TEST(RateEstimatorTest, AcksArrivingInABunchDoNotInflateTheRate) {
+  RateEstimator r(1e9, 1000);
+  // 16 chunks of 1 MB written at once at t=0; their acks held back, then all within 1 ms at t=1 s.
+  flight(r, 16, 1'000'000, [](int) { return 0LL; }, [](int i) { return 1'000'000LL + 50LL * i; });
+  EXPECT_LT(r.bytesPerSec(), 17e6);  // 16 MB over a second, at most
+  EXPECT_GT(r.bytesPerSec(), 1e6);
+}
+
+// A chunk written long after the last one was acknowledged starts a new flight: the idle
+// time between is not counted against the rate.
 TEST(RateEstimatorTest, IgnoresIdleTime) {
   RateEstimator r(1e9, 1000);
-  r.onBusy(0);
-  r.onAcked(2'000'000, 2000, false);
-  double before = r.bytesPerSec();
-  // A long idle gap, then a new busy interval at the same speed.
-  r.onBusy(1'000'000);
-  r.onAcked(2'000'000, 1'002'000, false);
-  EXPECT_NEAR(r.bytesPerSec(), before, 1e6);
+  flight(r, 8, 1'000'000, [](int i) { return 10'000LL * i; }, [](int i) { return 10'000LL * i + 20'000; });
+  const double before = r.bytesPerSec();
+  flight(r, 8, 1'000'000, [](int i) { return 5'000'000LL + 10'000 * i; },
+         [](int i) { return 5'000'000LL + 10'000 * i + 20'000; });
+  EXPECT_NEAR(r.bytesPerSec(), before, 0.05 * before);
+}
+
+// A path that slows down is followed within a few chunks.
+TEST(RateEstimatorTest, FollowsASlowdown) {
+  RateEstimator r(1e9, 1000);
+  flight(r, 20, 1'000'000, [](int i) { return 10'000LL * i; }, [](int i) { return 10'000LL * i + 20'000; });
+  EXPECT_NEAR(r.bytesPerSec(), 1e8, 5e6);
+  // Now one chunk per 100 ms: 10 MB/s.
+  flight(r, 20, 1'000'000, [](int i) { return 1'000'000LL + 100'000 * i; },
+         [](int i) { return 1'000'000LL + 100'000 * i + 120'000; });
+  EXPECT_NEAR(r.bytesPerSec(), 1e7, 1e6);
+}
+
+TEST(RateEstimatorTest, ResetStartsFromTheGivenRate) {
+  RateEstimator r(1e9, 1000);
+  r.reset(5e7);
+  EXPECT_DOUBLE_EQ(r.bytesPerSec(), 5e7);
+  r.reset(0);
+  EXPECT_DOUBLE_EQ(r.bytesPerSec(), RateEstimator::kMinRateBytesPerSec);
 }
 
 }  // namespace

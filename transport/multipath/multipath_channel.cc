@@ -21,6 +21,7 @@ struct OutMessage {
   std::uint32_t chunkBytes = 0;
   std::vector<ChunkState> state;
   std::vector<std::uint8_t> assignedPath;
+  std::vector<RateStamp> stamp;  // per chunk: noted when written on its assigned path
   std::uint32_t firstPending = 0;  // no pending chunk below this index
   std::uint32_t acked = 0;
   bool finished = false;
@@ -61,7 +62,8 @@ struct MultipathChannel::PathState {
   std::atomic<bool> alive{true};
   std::atomic<bool> stalled{false};
   std::atomic<int> relayVia{-1};
-  std::uint64_t unackedBytes = 0;
+  std::uint64_t unackedBytes = 0;  // assigned and not yet acknowledged
+  std::uint64_t inFlightBytes = 0;  // of those, written to the path
   std::deque<OutChunk> queue;
   RateEstimator rate;
   std::int64_t lastProgressUs = 0;  // last ack, or when the path became busy
@@ -182,6 +184,7 @@ Result<RequestPtr> MultipathChannel::isend(const void* data, std::size_t bytes, 
   std::uint64_t chunks = bytes == 0 ? 1 : (bytes + config_.chunkBytes - 1) / config_.chunkBytes;
   msg->state.assign(chunks, ChunkState::kPending);
   msg->assignedPath.assign(chunks, 0);
+  msg->stamp.resize(chunks);
   msg->req = std::make_shared<Request>(progressor_);
   // Small sends are copied and complete now (like MPI's eager protocol): the copy serves
   // any resend, and the caller saves the wait for the acknowledgement.
@@ -379,7 +382,6 @@ void MultipathChannel::schedule(std::int64_t nowUs) {
       if (!choice || !choice->hasRoom) return;  // nothing usable, or wait for the chosen path to drain
       PathState& p = *paths_[choice->path];
       if (p.unackedBytes == 0) {
-        p.rate.onBusy(nowUs);
         p.lastProgressUs = nowUs;
       }
       p.unackedBytes += len;
@@ -387,6 +389,7 @@ void MultipathChannel::schedule(std::int64_t nowUs) {
       loads[choice->path].queuedBytes = p.unackedBytes;
       msg->state[i] = ChunkState::kAssigned;
       msg->assignedPath[i] = static_cast<std::uint8_t>(choice->path);
+      msg->stamp[i].sentUs = 0;
       p.queue.push_back({msg, i});
       if (i == msg->firstPending) ++msg->firstPending;
     }
@@ -431,10 +434,15 @@ const std::uint8_t* MultipathChannel::chunkPayload(const OutChunk& c, std::uint6
   return c.msg->data + c.msg->chunkOffset(c.index) + progress;
 }
 
-void MultipathChannel::onChunkWritten(std::size_t path, const OutChunk& c) {
+void MultipathChannel::onChunkWritten(std::size_t path, const OutChunk& c, std::int64_t nowUs) {
   PathState& p = *paths_[path];
   p.bytesSent->add(c.msg->chunkLength(c.index));
   p.chunksSent->add();
+  OutMessage& msg = *c.msg;
+  // A frame finished after its chunk moved elsewhere (a stall) is not this path's to time.
+  if (msg.finished || msg.state[c.index] != ChunkState::kAssigned || msg.assignedPath[c.index] != path) return;
+  msg.stamp[c.index] = p.rate.onSent(nowUs, p.inFlightBytes == 0);
+  p.inFlightBytes += msg.chunkWireBytes(c.index);
 }
 
 Status MultipathChannel::onAck(const FrameHeader& h, std::size_t path, std::int64_t nowUs) {
@@ -459,7 +467,10 @@ Status MultipathChannel::onAck(const FrameHeader& h, std::size_t path, std::int6
   if (msg.state[i] == ChunkState::kAssigned) {
     PathState& p = *paths_[msg.assignedPath[i]];
     p.unackedBytes -= msg.chunkWireBytes(i);
-    p.rate.onAcked(msg.chunkWireBytes(i), nowUs, p.unackedBytes > 0);
+    if (msg.stamp[i].sentUs != 0) {  // written on the path it is assigned to (not a late ack from an old one)
+      p.inFlightBytes -= msg.chunkWireBytes(i);
+      p.rate.onAcked(msg.chunkWireBytes(i), msg.stamp[i], nowUs);
+    }
     // Figures for routing only once measured: the optimistic starting rate is a guess.
     if (p.rate.measured()) p.rateBytesPerSec.store(p.rate.bytesPerSec(), std::memory_order_relaxed);
     p.lastProgressUs = nowUs;
@@ -492,6 +503,7 @@ void MultipathChannel::requeueChunksOf(std::size_t path) {
   }
   p.queue.clear();
   p.unackedBytes = 0;
+  p.inFlightBytes = 0;
 }
 
 void MultipathChannel::onPathFailed(std::size_t path, const Status& why, bool graceful) {
@@ -533,6 +545,7 @@ void MultipathChannel::onPathUp(std::size_t path, int via) {
   p.rate.reset(best > 0 ? best : 1e9);
   p.rateBytesPerSec.store(0, std::memory_order_relaxed);
   p.unackedBytes = 0;
+  p.inFlightBytes = 0;
   p.queue.clear();
   p.relayVia.store(via, std::memory_order_relaxed);
   p.stalled.store(false, std::memory_order_relaxed);

@@ -115,7 +115,7 @@ class MultipathChannel : public Channel, public std::enable_shared_from_this<Mul
   // once the message completed elsewhere the payload reads as zeros (the peer drops it).
   FrameHeader chunkHeader(const OutChunk& c) const;
   const std::uint8_t* chunkPayload(const OutChunk& c, std::uint64_t progress, std::size_t* bytes) const;
-  void onChunkWritten(std::size_t path, const OutChunk& c);
+  void onChunkWritten(std::size_t path, const OutChunk& c, std::int64_t nowUs);
 
   Result<RecvTarget> onDataHeader(const FrameHeader& h, std::size_t path);
   // Destination for payload byte `progress` of the chunk, or nullptr to drop it.

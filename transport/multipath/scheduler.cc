@@ -36,33 +36,26 @@ std::optional<PathChoice> pickPathEvenly(std::span<const PathLoad> paths, std::s
   return best;
 }
 
-void RateEstimator::onBusy(std::int64_t nowUs) {
-  if (intervalStartUs_ < 0) {
-    intervalStartUs_ = nowUs;
-    intervalBytes_ = 0;
+RateStamp RateEstimator::onSent(std::int64_t nowUs, bool idle) {
+  if (idle) {
+    // A new flight: neither the idle time before it nor an old send time belongs in its
+    // intervals.
+    deliveredUs_ = nowUs;
+    firstSentUs_ = nowUs;
   }
+  return RateStamp{delivered_, deliveredUs_, firstSentUs_, nowUs};
 }
 
-void RateEstimator::onAcked(std::uint64_t bytes, std::int64_t nowUs, bool stillBusy) {
-  if (intervalStartUs_ < 0) intervalStartUs_ = nowUs;
-  intervalBytes_ += bytes;
-  std::int64_t elapsed = nowUs - intervalStartUs_;
-  if (elapsed >= minIntervalUs_ && intervalBytes_ >= kMinSampleBytes) {
-    double sample = std::max(kMinRateBytesPerSec, static_cast<double>(intervalBytes_) * 1e6 / static_cast<double>(elapsed));
-    rate_ = samples_ == 0 ? sample : 0.75 * rate_ + 0.25 * sample;
-    ++samples_;
-    intervalStartUs_ = stillBusy ? nowUs : -1;
-    intervalBytes_ = 0;
-  } else if (!stillBusy && elapsed >= minIntervalUs_) {
-    // A long interval with too few bytes to measure (small or zero-byte messages): it
-    // says nothing about the rate.
-    intervalStartUs_ = -1;
-    intervalBytes_ = 0;
-  } else if (!stillBusy) {
-    // Too short to measure: drop the partial interval rather than bias the rate.
-    intervalStartUs_ = -1;
-    intervalBytes_ = 0;
-  }
+void RateEstimator::onAcked(std::uint64_t bytes, const RateStamp& stamp, std::int64_t nowUs) {
+  delivered_ += bytes;
+  deliveredUs_ = nowUs;
+  firstSentUs_ = stamp.sentUs;  // the next samples' send intervals start where this chunk's ended
+  const std::int64_t interval = std::max(stamp.sentUs - stamp.firstSentUs, nowUs - stamp.deliveredUs);
+  const std::uint64_t inFlight = delivered_ - stamp.delivered;
+  if (interval < minIntervalUs_ || inFlight < kMinSampleBytes) return;  // too little to measure a rate on
+  double sample = std::max(kMinRateBytesPerSec, static_cast<double>(inFlight) * 1e6 / static_cast<double>(interval));
+  rate_ = samples_ == 0 ? sample : 0.75 * rate_ + 0.25 * sample;
+  ++samples_;
 }
 
 }  // namespace meridian::transport

@@ -34,8 +34,22 @@ std::optional<PathChoice> pickPath(std::span<const PathLoad> paths, std::uint64_
 std::optional<PathChoice> pickPathEvenly(std::span<const PathLoad> paths, std::span<const std::uint64_t> assignedBytes,
                                          std::uint64_t chunkBytes);
 
-// Delivery rate from acknowledged bytes, sampled over busy intervals of at least
-// `minIntervalUs` and smoothed with an EWMA. Times in microseconds.
+// What the rate estimator notes about a chunk as it goes onto a path (see RateEstimator).
+struct RateStamp {
+  std::uint64_t delivered = 0;   // the path's acknowledged bytes when the chunk was sent
+  std::int64_t deliveredUs = 0;  // when the last of those was acknowledged (or the flight began)
+  std::int64_t firstSentUs = 0;  // when the first chunk of this sample's send interval went out
+  std::int64_t sentUs = 0;       // when this chunk went out; 0 = not written on its path yet
+};
+
+// A path's delivery rate, sampled per acknowledged chunk as TCP samples its own (Linux's
+// tcp_rate.c, after Cheng et al.'s delivery-rate estimation draft): a chunk's sample is the
+// bytes acknowledged while it was in flight, over the longer of its ack interval (now minus
+// the last acknowledgement before it went out) and its send interval. Taking the longer one
+// means that acknowledgements arriving in a bunch (queued behind data going the other way on
+// the same stream, or behind a slow reader) cannot inflate the rate, and a flight that starts
+// after an idle period starts its intervals afresh, so idle time does not deflate it.
+// Samples are smoothed with an EWMA. Times in microseconds.
 class RateEstimator {
  public:
   // A sample needs this many bytes: tiny messages measure latency, not rate.
@@ -45,16 +59,15 @@ class RateEstimator {
 
   explicit RateEstimator(double initialBytesPerSec = 1e9, std::int64_t minIntervalUs = 5000)
       : rate_(initialBytesPerSec), minIntervalUs_(minIntervalUs) {}
-  // The path went from idle to busy at `nowUs`.
-  void onBusy(std::int64_t nowUs);
-  // `bytes` were acknowledged at `nowUs`; `stillBusy` says whether bytes remain in flight.
-  void onAcked(std::uint64_t bytes, std::int64_t nowUs, bool stillBusy);
+  // A chunk goes onto the path at `nowUs`; `idle` says nothing was in flight before it.
+  // The caller keeps the stamp with the chunk and hands it back with its acknowledgement.
+  RateStamp onSent(std::int64_t nowUs, bool idle);
+  // The chunk `stamp` was given for, `bytes` long, was acknowledged at `nowUs`.
+  void onAcked(std::uint64_t bytes, const RateStamp& stamp, std::int64_t nowUs);
   // Starts over from `bytesPerSec` (e.g. routing says a path recovered: give it a fair
   // chance and let new samples correct it).
   void reset(double bytesPerSec) {
     rate_ = bytesPerSec > kMinRateBytesPerSec ? bytesPerSec : kMinRateBytesPerSec;
-    intervalStartUs_ = -1;
-    intervalBytes_ = 0;
   }
   double bytesPerSec() const { return rate_; }
   bool measured() const { return samples_ > 0; }
@@ -62,8 +75,9 @@ class RateEstimator {
  private:
   double rate_;
   std::int64_t minIntervalUs_;
-  std::int64_t intervalStartUs_ = -1;
-  std::uint64_t intervalBytes_ = 0;
+  std::uint64_t delivered_ = 0;
+  std::int64_t deliveredUs_ = 0;
+  std::int64_t firstSentUs_ = 0;
   std::uint64_t samples_ = 0;
 };
 

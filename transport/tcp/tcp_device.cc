@@ -756,7 +756,7 @@ void TcpDevice::Impl::flushStream(Stream& s) {
     if (sent > 0) {
       s.written += static_cast<std::uint64_t>(sent);
       if (s.written == s.frameBytes) {
-        ch.onChunkWritten(s.path, s.chunk);
+        ch.onChunkWritten(s.path, s.chunk, nowUs());
         s.writing = false;
         s.chunk = OutChunk{};
       }
