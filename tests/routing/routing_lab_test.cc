@@ -9,6 +9,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <regex>
 #include <thread>
 #include <vector>
@@ -161,38 +162,41 @@ void checkTrafficMovesOffACongestedPlane(LabSession& session, const lab::Topolog
               before, after, steady, recovered, staticAfter);
 }
 
+// The two-region lab at time scale 0.25, up for one test.
+class RoutingLabCongestionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (auto why = meridian::testing::labUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
+    const std::string file = fmt::format("{}/lab/topologies/two-regions.yaml", MERIDIAN_SOURCE_DIR);
+    auto t = lab::loadTopology(file);
+    ASSERT_TRUE(t.isOk()) << t.status().message();
+    topo_ = *t;
+    session_ = std::make_unique<LabSession>("mlroute", file, "--time-scale 0.25");
+    auto up = session_->up();
+    ASSERT_EQ(up.code, 0) << up.output;
+  }
+  lab::Topology topo_;
+  std::unique_ptr<LabSession> session_;
+};
+
 // The rate cut: wan-a from 100 to 20 Mbit/s.
-TEST(RoutingLabTest, CongestionOnOnePlaneMovesTheTrafficAndStaticDoesNot) {
-  if (auto why = meridian::testing::labUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
-  const std::string file = fmt::format("{}/lab/topologies/two-regions.yaml", MERIDIAN_SOURCE_DIR);
-  auto topo = lab::loadTopology(file);
-  ASSERT_TRUE(topo.isOk());
-  LabSession session("mlroute", file, "--time-scale 0.25");
-  auto up = session.up();
-  ASSERT_EQ(up.code, 0) << up.output;
+TEST_F(RoutingLabCongestionTest, ARateCutMovesTheTrafficAndStaticDoesNot) {
   const double cut = 20e6;
-  const double after = (cut + topo->link(1, 0, 1).rateBitsPerSec) / 8e9;
-  checkTrafficMovesOffACongestedPlane(session, *topo, {fmt::format("set wan-a east west --rate {}bit", cut)},
+  const double after = (cut + topo_.link(1, 0, 1).rateBitsPerSec) / 8e9;
+  checkTrafficMovesOffACongestedPlane(*session_, topo_, {fmt::format("set wan-a east west --rate {}bit", cut)},
                                       "restore wan-a east west", after, "a rate cut to 20 Mbit/s");
 }
 
 // Real cross-traffic: a UDP flow of 80 Mbit/s each way on wan-a (100 Mbit/s), which does not
 // back off. The plane stays up, slowed and lossy; what is left of it is 20 Mbit/s.
-TEST(RoutingLabTest, CrossTrafficOnOnePlaneMovesTheTrafficAndStaticDoesNot) {
-  if (auto why = meridian::testing::labUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
-  const std::string file = fmt::format("{}/lab/topologies/two-regions.yaml", MERIDIAN_SOURCE_DIR);
-  auto topo = lab::loadTopology(file);
-  ASSERT_TRUE(topo.isOk());
-  LabSession session("mlroute", file, "--time-scale 0.25");
-  auto up = session.up();
-  ASSERT_EQ(up.code, 0) << up.output;
+TEST_F(RoutingLabCongestionTest, CrossTrafficMovesTheTrafficAndStaticDoesNot) {
   const double flood = 80e6;
-  const double after = (topo->link(0, 0, 1).rateBitsPerSec - flood + topo->link(1, 0, 1).rateBitsPerSec) / 8e9;
+  const double after = (topo_.link(0, 0, 1).rateBitsPerSec - flood + topo_.link(1, 0, 1).rateBitsPerSec) / 8e9;
   const std::vector<std::string> floods{
       fmt::format("cross-traffic wan-a east west --rate {}bit --duration 11s", flood),
       fmt::format("cross-traffic wan-a west east --rate {}bit --duration 11s", flood)};
   // The flows end on their own before the next run; nothing to restore on the links.
-  checkTrafficMovesOffACongestedPlane(session, *topo, floods, "status", after, "UDP cross-traffic of 80 Mbit/s");
+  checkTrafficMovesOffACongestedPlane(*session_, topo_, floods, "status", after, "UDP cross-traffic of 80 Mbit/s");
 }
 
 // Issue 4, lab test 3: a plane cut entirely while allreduces run: they complete on the other
