@@ -27,11 +27,15 @@
   X(kTcpStreams, "MERIDIAN_TCP_STREAMS", Int, "2", "TCP streams per path to each peer (1-16).")   \
   X(kTcpSockBufBytes, "MERIDIAN_TCP_SOCKBUF_BYTES", Int, "4194304",                                \
     "Send and receive socket buffer size requested for data streams, in bytes.")                   \
+  X(kTcpNotsentLowatBytes, "MERIDIAN_TCP_NOTSENT_LOWAT_BYTES", Int, "262144",                      \
+    "Unsent bytes a data stream may leave in the kernel (TCP_NOTSENT_LOWAT; 0: no limit), so "     \
+    "acknowledgements need not queue behind seconds of a slow path's data.")                       \
   X(kChunkBytes, "MERIDIAN_CHUNK_BYTES", Int, "524288",                                            \
     "Size of the chunks a message is cut into and striped over paths, in bytes.")                  \
   X(kPathStallMs, "MERIDIAN_PATH_STALL_MS", Int, "3000",                                           \
     "A path with unacknowledged chunks and no acknowledgement for this long is declared stalled "  \
-    "and its chunks are resent on other paths.")                                                   \
+    "and its chunks are resent on other paths (a path too slow for its bytes in flight gets "      \
+    "twice what its measured rate needs, at most 4x this).")                                       \
   X(kMaxUnexpectedBytes, "MERIDIAN_MAX_UNEXPECTED_BYTES", Int, "1073741824",                       \
     "Bytes a peer may send ahead of matching receives before its channel fails.")                  \
   X(kTimeoutMs, "MERIDIAN_TIMEOUT_MS", Int, "120000",                                              \

@@ -117,6 +117,17 @@ struct Side {
   }
 };
 
+// After a failure (a timeout, most likely) receives may still be posted into `buffers` and the
+// plugin's progress thread may still write into them until the caller closes the comms, as
+// NCCL does before it frees anything. Freeing them first would hand it freed memory (and
+// "Bad address" from recv for the large, unmapped ones), so a failed run leaves them to the
+// process, which reports the failure and ends.
+template <typename Buffers>
+std::string keepIfFailed(std::string error, Buffers& buffers) {
+  if (!error.empty()) new Buffers(std::move(buffers));  // deliberately never freed
+  return error;
+}
+
 std::string runUntil(const std::function<bool()>& done, const std::function<std::string()>& step) {
   const auto deadline = std::chrono::steady_clock::now() + kDeadline;
   while (!done()) {
@@ -351,7 +362,7 @@ std::string stream(Plugin& p, void* sendComm, void* recvComm, std::size_t bytes,
     return "";
   });
   *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return e;
+  return keepIfFailed(std::move(e), ends);
 }
 
 namespace {
@@ -445,7 +456,10 @@ std::string transferPlan(Plugin& p, void* sendComm, void* recvComm) {
     if (!rx.over()) rx.step();
     return !tx.error.empty() ? tx.error : rx.error;
   });
-  if (!e.empty()) return e;
+  if (!e.empty()) {
+    std::pair<Side, Side> sides{std::move(tx), std::move(rx)};
+    return keepIfFailed(std::move(e), sides);
+  }
   if (sendComm != nullptr && tx.maxInflight > static_cast<std::size_t>(kNcclNetMaxRequests)) {
     return fmt::format("{} sends in flight on one comm (at most {})", tx.maxInflight, kNcclNetMaxRequests);
   }

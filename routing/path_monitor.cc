@@ -20,9 +20,11 @@ std::vector<double> weightsFor(const std::vector<CongestionState>& states) {
   std::vector<double> w(states.size(), 1.0);
   bool anyClear = false;
   for (auto s : states) anyClear = anyClear || s == CongestionState::kClear;
-  if (!anyClear) return w;
   for (std::size_t i = 0; i < states.size(); ++i) {
-    if (states[i] == CongestionState::kCongested) w[i] = kCongestedPathWeight;
+    // With every path congested, all keep the congested weight: equal weights move nothing,
+    // and a path that is still congested must not look raised (a raised weight restarts the
+    // path's rate estimate from the best path's, which is for paths that recovered).
+    if (states[i] == CongestionState::kCongested || !anyClear) w[i] = kCongestedPathWeight;
   }
   return w;
 }

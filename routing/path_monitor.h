@@ -38,7 +38,9 @@ struct PathEvent {
 };
 
 // Weights for one peer's paths from their states: congested ones get
-// kCongestedPathWeight, unless every path is congested (then all stay 1: nothing to move to).
+// kCongestedPathWeight, clear ones 1. With every path congested all get kCongestedPathWeight:
+// equal weights, so nothing moves (there is nowhere better), and a path that stays congested
+// while another one comes and goes is never "raised" (see MultipathChannel::setPathWeights).
 std::vector<double> weightsFor(const std::vector<CongestionState>& states);
 
 class PathMonitor {

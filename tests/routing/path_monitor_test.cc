@@ -17,8 +17,9 @@ using S = CongestionState;
 TEST(PathWeightsTest, CongestedPathsKeepASmallShareUnlessAllAre) {
   EXPECT_EQ(weightsFor({S::kClear, S::kClear}), (std::vector<double>{1, 1}));
   EXPECT_EQ(weightsFor({S::kClear, S::kCongested}), (std::vector<double>{1, kCongestedPathWeight}));
-  EXPECT_EQ(weightsFor({S::kCongested, S::kCongested}), (std::vector<double>{1, 1})) << "nowhere better to go";
-  EXPECT_EQ(weightsFor({S::kCongested}), (std::vector<double>{1}));
+  EXPECT_EQ(weightsFor({S::kCongested, S::kCongested}), (std::vector<double>{kCongestedPathWeight, kCongestedPathWeight}))
+      << "nowhere better to go: equal";
+  EXPECT_EQ(weightsFor({S::kCongested}), (std::vector<double>{kCongestedPathWeight}));
   EXPECT_TRUE(weightsFor({}).empty());
 }
 
@@ -68,7 +69,7 @@ TEST(PathMonitorTest, SeesEveryPathAndAppliesNeutralWeightsWhenClear) {
   EXPECT_FALSE(b.value()->adaptive());
 }
 
-TEST(PathMonitorTest, ALostPeerMakesItsPathsCongestedButKeepsNeutralWeights) {
+TEST(PathMonitorTest, ALostPeerMakesItsPathsCongestedWithEqualWeights) {
   std::atomic<int> calls{0};
   auto a = PathMonitor::create(options(0), true, [&](int, const std::vector<double>&) { ++calls; });
   auto b = PathMonitor::create(options(1), true, nullptr);
@@ -87,7 +88,7 @@ TEST(PathMonitorTest, ALostPeerMakesItsPathsCongestedButKeepsNeutralWeights) {
   for (const auto& p : paths) {
     EXPECT_EQ(p.state, S::kCongested) << "path " << p.path;
     EXPECT_NE(p.reason.find("loss"), std::string::npos) << p.reason;
-    EXPECT_DOUBLE_EQ(p.weight, 1.0) << "both congested: nothing to move to";
+    EXPECT_DOUBLE_EQ(p.weight, kCongestedPathWeight) << "both congested: equal, nothing to move to";
   }
   auto events = a.value()->events();
   ASSERT_GE(events.size(), 2u);

@@ -565,11 +565,22 @@ void MultipathChannel::setTcpFigures(std::size_t path, const TcpFigures& f) {
   p.tcpRetrans->set(static_cast<double>(f.retransmits));
 }
 
+std::int64_t MultipathChannel::stallLimitUs(const PathState& p) const {
+  // A slow path that is alive may need longer than the limit for what is in flight on it (a
+  // 512 KiB chunk takes 4 s at 1 Mbit/s): give it twice what its measured rate needs, up to
+  // four limits, or it is declared stalled, its chunks are sent twice and it is dropped
+  // until its next acknowledgement, over and over.
+  const std::int64_t base = config_.pathStallUs;
+  if (!p.rate.measured() || p.rate.bytesPerSec() <= 0) return base;
+  const double needUs = 2e6 * static_cast<double>(p.inFlightBytes) / p.rate.bytesPerSec();
+  return std::clamp(static_cast<std::int64_t>(needUs), base, 4 * base);
+}
+
 void MultipathChannel::checkStalls(std::int64_t nowUs) {
   for (std::size_t i = 0; i < paths_.size(); ++i) {
     PathState& p = *paths_[i];
     if (!p.alive.load(std::memory_order_relaxed) || p.stalled.load(std::memory_order_relaxed)) continue;
-    if (p.unackedBytes > 0 && nowUs - p.lastProgressUs > config_.pathStallUs) {
+    if (p.unackedBytes > 0 && nowUs - p.lastProgressUs > stallLimitUs(p)) {
       std::size_t others = 0;
       for (std::size_t j = 0; j < paths_.size(); ++j) {
         if (j != i && paths_[j]->alive.load() && !paths_[j]->stalled.load()) ++others;

@@ -153,6 +153,8 @@ class MultipathChannel : public Channel, public std::enable_shared_from_this<Mul
   // Takes newly posted receives in (binding those whose message came first).
   void drainPostedRecvs();
   void requeueChunksOf(std::size_t path);
+  // How long a path with bytes in flight may go without an acknowledgement (checkStalls).
+  std::int64_t stallLimitUs(const PathState& p) const;
   void matchReady(std::shared_ptr<InMessage> msg);
   bool canMatch(const InMessage& m) const;
   void markMatched(std::uint64_t seq);

@@ -38,6 +38,8 @@ Status recvAll(int fd, void* data, std::size_t bytes, TimePoint deadline);
 
 // Socket options for data streams.
 Status setNonBlocking(int fd, bool on);
-void tuneDataSocket(int fd, int bufferBytes);
+// TCP_NODELAY; SO_SNDBUF and SO_RCVBUF when `bufferBytes` > 0; TCP_NOTSENT_LOWAT when
+// `notsentLowatBytes` > 0.
+void tuneDataSocket(int fd, int bufferBytes, int notsentLowatBytes = 0);
 
 }  // namespace meridian::transport::tcp

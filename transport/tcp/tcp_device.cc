@@ -112,6 +112,7 @@ struct Stream {
   FrameHeaderBytes chunkHeader{};
   std::uint64_t written = 0;  // of header + payload
   std::uint64_t frameBytes = 0;
+  int notsentLowat = 0;  // TCP_NOTSENT_LOWAT in force (0: none)
 };
 
 struct ChannelEntry {
@@ -207,6 +208,12 @@ struct TcpDevice::Impl {
   std::int64_t lastStallCheckUs = 0;
   std::int64_t lastTcpInfoUs = 0;
   static constexpr std::int64_t kTcpInfoPeriodUs = 1'000'000;  // TCP_INFO of every stream, once a second
+  // A stream's unsent bytes in the kernel are held to what it delivers in this long, and to
+  // no less than MERIDIAN_TCP_NOTSENT_LOWAT_BYTES: on a slow path, a deep send buffer of
+  // unsent chunks would hold the acknowledgements queued behind them for seconds (and look
+  // like a stall to the peer), and keep chunks on it that a faster path could take; on a fast
+  // one, a small limit would only cost wake-ups.
+  static constexpr double kNotsentHorizonSec = 0.02;
 
   void wake() { waker->ring(); }
 
@@ -541,7 +548,8 @@ void TcpDevice::Impl::stepRelay(RelayEntry& r) {
 
 void TcpDevice::Impl::attachStream(ChannelEntry& e, UniqueFd fd, std::size_t path) {
   auto s = std::make_unique<Stream>();
-  tuneDataSocket(fd.get(), options.socketBufferBytes);
+  tuneDataSocket(fd.get(), options.socketBufferBytes, options.notsentLowatBytes);
+  s->notsentLowat = options.notsentLowatBytes;
   (void)setNonBlocking(fd.get(), true);
   s->fd = std::move(fd);
   s->path = path;
@@ -780,6 +788,15 @@ void TcpDevice::Impl::readTcpInfo(ChannelEntry& e) {
       f.deliveryBytesPerSec += static_cast<double>(info.tcpi_delivery_rate);
       f.retransmits += info.tcpi_total_retrans;
       f.segmentsSent += info.tcpi_segs_out;
+      if (options.notsentLowatBytes > 0) {
+        const double want = std::max(static_cast<double>(options.notsentLowatBytes),
+                                     static_cast<double>(info.tcpi_delivery_rate) * kNotsentHorizonSec);
+        const int lowat = static_cast<int>(std::min(want, static_cast<double>(1 << 30)));
+        // Only changes of 2x or more: the delivery rate moves all the time.
+        if (lowat >= 2 * s->notsentLowat || 2 * lowat <= s->notsentLowat) {
+          if (::setsockopt(s->fd.get(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, sizeof(lowat)) == 0) s->notsentLowat = lowat;
+        }
+      }
     }
     if (f.rttUs >= 0) e.channel->setTcpFigures(p, f);
   }
@@ -980,6 +997,9 @@ Result<std::unique_ptr<TcpDevice>> TcpDevice::create(DeviceOptions options) {
     if (options.streamsPerPath <= 0) options.streamsPerPath = static_cast<int>(knobInt(knobs::kTcpStreams, 1, 16));
     if (options.socketBufferBytes <= 0) {
       options.socketBufferBytes = static_cast<int>(knobInt(knobs::kTcpSockBufBytes, 0, 1 << 30));
+    }
+    if (options.notsentLowatBytes < 0) {
+      options.notsentLowatBytes = static_cast<int>(knobInt(knobs::kTcpNotsentLowatBytes, 0, 1 << 30));
     }
     if (options.chunkBytes == 0) {
       options.chunkBytes = static_cast<std::size_t>(knobInt(knobs::kChunkBytes, 4096, kMaxChunkBytes));

@@ -26,6 +26,7 @@ struct DeviceOptions {
   std::vector<std::string> localAddresses{"127.0.0.1"};
   int streamsPerPath = 0;          // 0: MERIDIAN_TCP_STREAMS
   int socketBufferBytes = 0;       // 0: MERIDIAN_TCP_SOCKBUF_BYTES
+  int notsentLowatBytes = -1;      // -1: MERIDIAN_TCP_NOTSENT_LOWAT_BYTES; 0: no limit
   std::size_t chunkBytes = 0;      // 0: MERIDIAN_CHUNK_BYTES
   int pathStallMs = 0;             // 0: MERIDIAN_PATH_STALL_MS
   std::string secret;              // empty: loadJobSecret()
