@@ -47,7 +47,7 @@ wanMbit=${wanMbit%Mbit}
 wanQueue="$((wanMbit * 100000 / 8 / 1000))KB"  # 100 ms at that rate
 congestion=(wan-a london virginia --rate "$((wanMbit / 5))Mbit")
 runTimeout=900
-out="$root/bench/results/lab-compare.md"
+out=${OUT:-$root/bench/results/lab-compare.md}
 
 [ "$(id -u)" -eq 0 ] || { echo "needs root (network namespaces)" >&2; exit 1; }
 for tool in lab/meridian-lab bench/meridian-bench bench/mpi-coll-bench bench/gloo-coll-bench; do
@@ -88,7 +88,9 @@ glooCmd() {
   cmd=("${lab[@]}" exec-all -- "$build/bench/gloo-coll-bench" --store-dir "$store" "${sizes[@]}")
 }
 
-contenders=(meridian-adaptive meridian-static openmpi gloo)
+# CONTENDERS picks a subset (e.g. "meridian-adaptive meridian-static"); with OUT, the table
+# goes to another file, so a partial run does not replace the side-by-side one.
+read -r -a contenders <<< "${CONTENDERS:-meridian-adaptive meridian-static openmpi gloo}"
 failed=0
 # runOne PHASE CONTENDER: one job, its rank-0 result rows in $tmp/PHASE.CONTENDER.rows.
 runOne() {

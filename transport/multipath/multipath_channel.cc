@@ -90,6 +90,7 @@ const std::uint8_t kZeros[64 * 1024] = {};
 constexpr std::size_t kMaxTagMemo = 4096;  // tags remembered per direction (see isend)
 constexpr double kStaticRateBytesPerSec = 1e9;
 constexpr double kMinPathWeight = 1e-3;  // any equal value: static striping ignores rates
+constexpr double kRaisedRateShareOfBest = 8;  // see schedule()
 }  // namespace
 
 MultipathChannel::MultipathChannel(int peerRank, std::vector<PathEndpoints> paths, MultipathConfig config,
@@ -279,8 +280,8 @@ void MultipathChannel::setPathWeights(std::span<const double> weights) {
   for (std::size_t i = 0; i < weights.size() && i < paths_.size(); ++i) {
     // A weight of zero or below would make a live path unusable: routing only ever prefers.
     const double w = weights[i] > kMinPathWeight ? weights[i] : kMinPathWeight;
-    // A path routing trusts more again starts from an optimistic rate: the estimate it has
-    // was measured while it was avoided (few samples, or congested ones).
+    // A path routing trusts more again gets a share it can be measured on: its estimate was
+    // made while it was avoided and may be stuck too low to win any chunk (schedule()).
     if (w > paths_[i]->weight.exchange(w, std::memory_order_relaxed)) {
       paths_[i]->rerate.store(true, std::memory_order_relaxed);
       rerateAny_.store(true, std::memory_order_release);
@@ -343,8 +344,15 @@ void MultipathChannel::schedule(std::int64_t nowUs) {
     for (const auto& p : paths_) {
       if (p->alive.load(std::memory_order_relaxed)) best = std::max(best, p->rate.bytesPerSec());
     }
+    // Raised to an eighth of the best path's rate, not to all of it: a path that only looks
+    // clear because it was avoided (a slow link the traffic itself congests) would otherwise
+    // take a full share of the next burst, stall under it and be avoided again, over and over
+    // (seen with an 8 Mbit/s plane next to 40 Mbit/s ones). An eighth is a few chunks of a
+    // burst: enough to measure it again, little to lose if it is still slow.
     for (auto& p : paths_) {
-      if (p->rerate.exchange(false, std::memory_order_relaxed)) p->rate.reset(std::max(best, p->rate.bytesPerSec()));
+      if (p->rerate.exchange(false, std::memory_order_relaxed)) {
+        p->rate.reset(std::max(best / kRaisedRateShareOfBest, p->rate.bytesPerSec()));
+      }
     }
   }
   if (!config_.adaptive) assignedBytes_.resize(paths_.size());
