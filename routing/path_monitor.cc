@@ -22,8 +22,8 @@ std::vector<double> weightsFor(const std::vector<CongestionState>& states) {
   for (auto s : states) anyClear = anyClear || s == CongestionState::kClear;
   for (std::size_t i = 0; i < states.size(); ++i) {
     // With every path congested, all keep the congested weight: equal weights move nothing,
-    // and a path that is still congested must not look raised (a raised weight restarts the
-    // path's rate estimate from the best path's, which is for paths that recovered).
+    // and a path that is still congested must not look raised (a raised weight lifts the
+    // path's rate estimate towards the best path's, which is for paths that recovered).
     if (states[i] == CongestionState::kCongested || !anyClear) w[i] = kCongestedPathWeight;
   }
   return w;
