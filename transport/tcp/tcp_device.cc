@@ -794,7 +794,7 @@ void TcpDevice::Impl::readTcpInfo(ChannelEntry& e) {
         const int lowat = static_cast<int>(std::min(want, static_cast<double>(1 << 30)));
         // Only changes of 2x or more: the delivery rate moves all the time.
         if (lowat >= 2 * s->notsentLowat || 2 * lowat <= s->notsentLowat) {
-          if (::setsockopt(s->fd.get(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, sizeof(lowat)) == 0) s->notsentLowat = lowat;
+          if (setNotsentLowat(s->fd.get(), lowat)) s->notsentLowat = lowat;
         }
       }
     }
