@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
     std::printf("# mpi-coll-bench (%s): %d ranks, dtype f32, op sum\n", label.c_str(), n);
     std::printf("# %-14s %12s %12s %5s %6s %6s %11s %12s %12s %7s\n", "op", "size(B)", "count", "type", "redop", "iters",
                 "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+    std::fflush(stdout);  // every rank is up: a launcher can tell a hung launch from a slow run
   }
   std::size_t start = 0;
   int failures = 0;

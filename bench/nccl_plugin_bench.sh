@@ -2,7 +2,10 @@
 # The NCCL plugin's adapter cost: one-way goodput over two loopback paths (2 TCP streams each,
 # 512 KiB chunks, 4 messages in flight) through libnccl-net-meridian.so's function table
 # (meridian-nccl-check --bench: a listener and a connector process, as two NCCL ranks) against
-# Meridian's transport used directly (meridian-transport-bench: two devices, one process).
+# Meridian's transport used directly in the same shape (meridian-transport-bench --listen /
+# --connect --poll: two processes, the caller spinning on test() as NCCL's proxy thread does),
+# which is the baseline of the ratio. The one-process transport bench (both devices in one
+# process, the caller blocking in wait) is shown too, for reference.
 # Alternating in one run, ROUNDS times per size; medians and their ratio.
 # Usage: bench/nccl_plugin_bench.sh [BUILD_DIR] [ROUNDS]    Writes bench/results/nccl-plugin.md.
 set -euo pipefail
@@ -22,21 +25,34 @@ median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
   echo
   echo "Measured $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) cores by \`bench/nccl_plugin_bench.sh $build $rounds\`."
   echo "Loopback, 2 paths x 2 TCP streams, 512 KiB chunks, 4 messages in flight, one way; MiB/s, median of $rounds"
-  echo "alternating rounds. Plugin: \`meridian-nccl-check --listen/--connect --bench SIZE\` (two processes,"
-  echo "NCCL's calls: isend/irecv with NULL-request retries and test polling). Transport: \`meridian-transport-bench"
-  echo "--paths 2 --streams 2 --inflight 4\` (isend/irecv on the channels, wait)."
+  echo "alternating rounds, measured at the receiver."
   echo
-  echo "| size | messages | transport (MiB/s) | plugin (MiB/s) | plugin / transport | rounds: transport | rounds: plugin |"
-  echo "| --- | --- | --- | --- | --- | --- | --- |"
+  echo "- plugin: \`meridian-nccl-check --listen/--connect --bench SIZE --inflight 4\` (two processes, NCCL's calls:"
+  echo "  isend/irecv with NULL-request retries and test polling);"
+  echo "- transport: \`meridian-transport-bench --listen/--connect --poll --paths 2 --streams 2 --inflight 4\` (two"
+  echo "  processes, isend/irecv on the channels, test polling): the same shape without the adapter, the ratio's baseline;"
+  echo "- one process: \`meridian-transport-bench --paths 2 --streams 2 --inflight 4\` (both ends in one process, wait)."
+  echo
+  echo "| size | messages | transport (MiB/s) | plugin (MiB/s) | plugin / transport | one process (MiB/s) | rounds: transport | rounds: plugin |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
 } > "$tmp/table"
 for size in 1M 16M 64M; do
   case $size in 1M) iters=1024 ;; 16M) iters=128 ;; 64M) iters=32 ;; esac
   bytes=$(( ${size%M} * 1048576 ))
-  : > "$tmp/t"; : > "$tmp/p"
+  : > "$tmp/t"; : > "$tmp/p"; : > "$tmp/o"
   for r in $(seq "$rounds"); do
     "$tbench" --paths 2 --streams 2 --size "$size" --inflight 4 --iters "$iters" \
-      | awk '/^aggregate/ {print $2 * 1e9 / 1048576}' >> "$tmp/t"
+      | awk '/^aggregate/ {print $2 * 1e9 / 1048576}' >> "$tmp/o"
     h="$tmp/handle"
+    rm -f "$h"*
+    "$tbench" --listen --handle-file "$h" --poll --paths 2 --streams 2 --size "$size" --inflight 4 --iters "$iters" \
+      > "$tmp/trx.log" 2>&1 &
+    rx=$!
+    "$tbench" --connect --handle-file "$h" --poll --paths 2 --streams 2 --size "$size" --inflight 4 --iters "$iters" \
+      > "$tmp/ttx.log" 2>&1 || { cat "$tmp/ttx.log" >&2; exit 1; }
+    wait "$rx" || { cat "$tmp/trx.log" >&2; exit 1; }
+    awk '/^aggregate/ {print $2 * 1e9 / 1048576}' "$tmp/trx.log" >> "$tmp/t"
+    rm -f "$h"
     "$check" --listen --handle-file "$h" --bench "$size" --iters "$iters" --inflight 4 > "$tmp/rx.log" 2>&1 &
     rx=$!
     sleep 0.3
@@ -44,11 +60,11 @@ for size in 1M 16M 64M; do
     wait "$rx"
     awk '/streamed/ {print $(NF-1)}' "$tmp/rx.log" >> "$tmp/p"
   done
-  t=$(median < "$tmp/t"); p=$(median < "$tmp/p")
+  t=$(median < "$tmp/t"); p=$(median < "$tmp/p"); o=$(median < "$tmp/o")
   ratio=$(awk -v a="$p" -v b="$t" 'BEGIN {printf "%.2f", a / b}')
-  printf "| %s | %d | %.0f | %.0f | %s | %s | %s |\n" "$size" "$iters" "$t" "$p" "$ratio" \
+  printf "| %s | %d | %.0f | %.0f | %s | %.0f | %s | %s |\n" "$size" "$iters" "$t" "$p" "$ratio" "$o" \
     "$(xargs printf '%.0f ' < "$tmp/t")" "$(xargs printf '%.0f ' < "$tmp/p")" >> "$tmp/table"
-  echo "$size: transport $t MiB/s, plugin $p MiB/s ($ratio)" >&2
+  echo "$size: transport $t MiB/s, plugin $p MiB/s ($ratio); one process $o MiB/s" >&2
 done
 mv "$tmp/table" "$out"
 cat "$out"

@@ -1,7 +1,19 @@
-// meridian-transport-bench: one-way goodput of a multipath channel between two devices
-// in one process over loopback (per path and aggregate), with K messages in flight.
+// meridian-transport-bench: one-way goodput of a multipath channel over loopback (per path and
+// aggregate), with K messages in flight.
+//
+// Two shapes:
+//   one process (default)   both devices in this process; the caller waits on each request.
+//   two processes           --listen --handle-file F receives, --connect --handle-file F sends,
+//                           each its own process, as two ranks (and as meridian-nccl-check
+//                           --bench runs the NCCL plugin, so the two compare like for like);
+//                           --poll makes the caller spin on test() as NCCL's proxy thread does.
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -13,60 +25,188 @@
 using namespace meridian;
 using namespace meridian::transport;
 
+namespace {
+
+constexpr std::uint64_t kSession = 1;
+constexpr int kSenderRank = 1;
+
+// The listener's addresses, one per line, written atomically.
+bool writeAddresses(const std::string& path, const std::vector<std::string>& addresses) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    for (const auto& a : addresses) f << a << '\n';
+    if (!f) return false;
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  return !ec;
+}
+
+std::vector<std::string> readAddresses(const std::string& path, TimePoint deadline) {
+  while (!std::filesystem::exists(path) && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::vector<std::string> out;
+  std::ifstream f(path);
+  for (std::string line; std::getline(f, line);) {
+    if (!line.empty()) out.push_back(line);
+  }
+  return out;
+}
+
+// The value, or an exception that says what failed and why.
+template <typename T>
+T must(Result<T> r, const char* what) {
+  if (!r) throw std::runtime_error(std::string(what) + ": " + r.status().toString());
+  return std::move(r).value();
+}
+
+struct Flow {
+  Channel* tx = nullptr;  // either or both
+  Channel* rx = nullptr;
+  std::size_t size = 0;
+  int inflight = 0, iters = 0;
+  bool poll = false;
+};
+
+// Keeps `inflight` messages posted per direction until `iters` have completed; false on an error.
+bool run(const Flow& f) {
+  std::vector<std::vector<std::uint8_t>> sbuf(static_cast<std::size_t>(f.inflight), std::vector<std::uint8_t>(f.size, 1));
+  std::vector<std::vector<std::uint8_t>> rbuf(static_cast<std::size_t>(f.inflight), std::vector<std::uint8_t>(f.size, 0));
+  std::vector<RequestPtr> sr(static_cast<std::size_t>(f.inflight)), rr(static_cast<std::size_t>(f.inflight));
+  auto finish = [&](RequestPtr& r) {
+    if (!r) return true;
+    if (f.poll) {
+      while (!r->test()) {
+      }
+      bool ok = r->status().isOk();
+      r.reset();
+      return ok;
+    }
+    bool ok = r->wait().isOk();
+    r.reset();
+    return ok;
+  };
+  for (int i = 0; i < f.iters + f.inflight; ++i) {
+    auto slot = static_cast<std::size_t>(i % f.inflight);
+    if (!finish(sr[slot]) || !finish(rr[slot])) return false;
+    if (i >= f.iters) continue;
+    if (f.rx != nullptr) {
+      auto r = f.rx->irecv(rbuf[slot].data(), f.size, 0);
+      if (!r) return false;
+      rr[slot] = std::move(r).value();
+    }
+    if (f.tx != nullptr) {
+      auto s = f.tx->isend(sbuf[slot].data(), f.size, 0);
+      if (!s) return false;
+      sr[slot] = std::move(s).value();
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"Multipath channel goodput over loopback"};
   int paths = 1, streams = 2, inflight = 4, iters = 64;
-  std::string sizeText = "4M", chunkText = "512k";
-  app.add_option("--paths", paths, "Loopback paths (127.0.0.1, .2, ...)");
-  app.add_option("--streams", streams, "TCP streams per path");
+  std::string sizeText = "4M", chunkText = "512k", handleFile;
+  bool listen = false, connect = false, poll = false;
+  app.add_option("--paths", paths, "Loopback paths (127.0.0.1, .2, ...)")->check(CLI::Range(1, 16));
+  app.add_option("--streams", streams, "TCP streams per path")->check(CLI::Range(1, 64));
   app.add_option("--size", sizeText, "Message size");
   app.add_option("--chunk", chunkText, "Chunk size");
-  app.add_option("--inflight", inflight, "Messages in flight");
-  app.add_option("--iters", iters, "Messages to send");
+  app.add_option("--inflight", inflight, "Messages in flight")->check(CLI::Range(1, 1024));
+  app.add_option("--iters", iters, "Messages to send")->check(CLI::Range(1, 100000000));
+  auto* l = app.add_flag("--listen", listen, "Two processes: receive here (writes --handle-file)");
+  app.add_flag("--connect", connect, "Two processes: send from here (reads --handle-file)")->excludes(l);
+  app.add_option("--handle-file", handleFile, "Where the listener writes its addresses for the connector");
+  app.add_flag("--poll", poll, "Spin on test() instead of waiting (as NCCL's proxy thread does)");
   CLI11_PARSE(app, argc, argv);
-  std::size_t size = static_cast<std::size_t>(parseByteSize(sizeText, "--size"));
-  tcp::DeviceOptions o;
-  o.localAddresses.clear();
-  for (int i = 0; i < paths; ++i) o.localAddresses.push_back("127.0.0." + std::to_string(i + 1));
-  o.streamsPerPath = streams;
-  o.chunkBytes = static_cast<std::size_t>(parseByteSize(chunkText, "--chunk"));
-  o.secret = "transport-bench";
-  o.name = "tx";
-  auto a = tcp::TcpDevice::create(o).value();
-  o.name = "rx";
-  auto b = tcp::TcpDevice::create(o).value();
-  auto deadline = Clock::now() + std::chrono::seconds(30);
-  Result<ChannelPtr> rx = internalError("not run");
-  std::thread t([&] { rx = b->openChannel({1, 1, 0, false, a->listenAddresses()}, deadline); });
-  auto tx = a->openChannel({1, 0, 1, true, b->listenAddresses()}, deadline);
-  t.join();
-  if (!tx || !rx) {
-    std::fprintf(stderr, "connect failed\n");
-    return 1;
+  if ((listen || connect) && handleFile.empty()) {
+    std::fprintf(stderr, "meridian-transport-bench: --listen and --connect need --handle-file\n");
+    return 2;
   }
-  std::vector<std::vector<std::uint8_t>> sbuf(static_cast<std::size_t>(inflight), std::vector<std::uint8_t>(size, 1));
-  std::vector<std::vector<std::uint8_t>> rbuf(static_cast<std::size_t>(inflight), std::vector<std::uint8_t>(size, 0));
-  std::vector<RequestPtr> sr(static_cast<std::size_t>(inflight)), rr(static_cast<std::size_t>(inflight));
-  auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < iters + inflight; ++i) {
-    auto slot = static_cast<std::size_t>(i % inflight);
-    if (sr[slot]) {
-      if (!sr[slot]->wait().isOk() || !rr[slot]->wait().isOk()) return 1;
+  Flow flow;
+  flow.inflight = inflight;
+  flow.iters = iters;
+  flow.poll = poll;
+  try {
+    flow.size = static_cast<std::size_t>(parseByteSize(sizeText, "--size"));
+    tcp::DeviceOptions o;
+    o.localAddresses.clear();
+    for (int i = 0; i < paths; ++i) o.localAddresses.push_back("127.0.0." + std::to_string(i + 1));
+    o.streamsPerPath = streams;
+    o.chunkBytes = static_cast<std::size_t>(parseByteSize(chunkText, "--chunk"));
+    o.secret = "transport-bench";
+    auto deadline = Clock::now() + std::chrono::seconds(30);
+    std::unique_ptr<tcp::TcpDevice> a, b;
+    ChannelPtr tx, rx;
+    if (listen) {
+      o.name = "rx";
+      b = must(tcp::TcpDevice::create(o), "device");
+      std::filesystem::remove(handleFile);
+      if (!writeAddresses(handleFile, b->listenAddresses())) {
+        std::fprintf(stderr, "meridian-transport-bench: cannot write %s\n", handleFile.c_str());
+        return 1;
+      }
+      for (;;) {
+        auto got = b->acceptChannel(kSession);
+        if (got) {
+          rx = std::move(got->second);
+          break;
+        }
+        if (got.status().code() != StatusCode::kAgain || Clock::now() > deadline) {
+          std::fprintf(stderr, "meridian-transport-bench: accept: %s\n", got.status().toString().c_str());
+          return 1;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    } else if (connect) {
+      o.name = "tx";
+      a = must(tcp::TcpDevice::create(o), "device");
+      auto peer = readAddresses(handleFile, deadline);
+      if (peer.empty()) {
+        std::fprintf(stderr, "meridian-transport-bench: no addresses in %s\n", handleFile.c_str());
+        return 1;
+      }
+      tx = must(a->openChannel({kSession, kSenderRank, 0, true, peer}, deadline), "connect");
+    } else {
+      o.name = "tx";
+      a = must(tcp::TcpDevice::create(o), "device");
+      o.name = "rx";
+      b = must(tcp::TcpDevice::create(o), "device");
+      Result<ChannelPtr> r = internalError("not run");
+      std::thread t([&] { r = b->openChannel({kSession, 1, 0, false, a->listenAddresses()}, deadline); });
+      auto s = a->openChannel({kSession, 0, 1, true, b->listenAddresses()}, deadline);
+      t.join();
+      tx = must(std::move(s), "connect");
+      rx = must(std::move(r), "accept");
     }
-    if (i >= iters) continue;
-    rr[slot] = (*rx)->irecv(rbuf[slot].data(), size, 0).value();
-    sr[slot] = (*tx)->isend(sbuf[slot].data(), size, 0).value();
-  }
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("# meridian-transport-bench --paths %d --streams %d --size %s --chunk %s --inflight %d --iters %d\n", paths,
-              streams, sizeText.c_str(), chunkText.c_str(), inflight, iters);
-  std::printf("aggregate %.3f GB/s (%d x %zu B in %.3f s)\n", static_cast<double>(size) * iters / secs / 1e9, iters, size,
-              secs);
-  auto stats = (*tx)->pathStats();
-  for (std::size_t p = 0; p < stats.size(); ++p) {
-    std::printf("  path %zu %s -> %s: %.3f GB/s, %llu chunks\n", p, stats[p].localAddress.c_str(),
-                stats[p].remoteAddress.c_str(), static_cast<double>(stats[p].bytesSent) / secs / 1e9,
-                static_cast<unsigned long long>(stats[p].chunksSent));
+    flow.tx = tx.get();
+    flow.rx = rx.get();
+    auto t0 = std::chrono::steady_clock::now();
+    if (!run(flow)) {
+      std::fprintf(stderr, "meridian-transport-bench: a transfer failed\n");
+      return 1;
+    }
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("# meridian-transport-bench --paths %d --streams %d --size %s --chunk %s --inflight %d --iters %d%s%s\n",
+                paths, streams, sizeText.c_str(), chunkText.c_str(), inflight, iters,
+                listen ? " --listen" : connect ? " --connect" : "", poll ? " --poll" : "");
+    std::printf("aggregate %.3f GB/s (%d x %zu B in %.3f s)\n", static_cast<double>(flow.size) * iters / secs / 1e9, iters,
+                flow.size, secs);
+    if (tx) {
+      auto stats = tx->pathStats();
+      for (std::size_t p = 0; p < stats.size(); ++p) {
+        std::printf("  path %zu %s -> %s: %.3f GB/s, %llu chunks\n", p, stats[p].localAddress.c_str(),
+                    stats[p].remoteAddress.c_str(), static_cast<double>(stats[p].bytesSent) / secs / 1e9,
+                    static_cast<unsigned long long>(stats[p].chunksSent));
+      }
+    }
+    if (connect) (void)a->closeChannel(kSession, 0);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "meridian-transport-bench: %s\n", e.what());
+    return 1;
   }
   return 0;
 }

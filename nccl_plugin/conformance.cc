@@ -315,6 +315,18 @@ std::string tooLarge(const MerNcclNet_v11* net, void* sendComm, void* recvComm) 
 
 }  // namespace
 
+std::string printProperties(Plugin& p) {
+  int n = 0;
+  if (int rc = p.net->devices(&n); rc != kNcclSuccess) return fmt::format("devices: ncclResult {}", rc);
+  for (int d = 0; d < n; ++d) {
+    MerNcclProps_v11 props{};
+    if (int rc = p.net->getProperties(d, &props); rc != kNcclSuccess) return fmt::format("getProperties({}): ncclResult {}", d, rc);
+    std::printf("device %d: name %s, speed %d Mbit/s, latency %.1f us, pciPath %s, maxRecvs %d\n", d, props.name, props.speed,
+                static_cast<double>(props.latency), props.pciPath, props.maxRecvs);
+  }
+  return "";
+}
+
 std::string stream(Plugin& p, void* sendComm, void* recvComm, std::size_t bytes, int iters, int inflight,
                    double* seconds) {
   const MerNcclNet_v11* net = p.net;

@@ -24,6 +24,9 @@ struct Plugin {
 // dlopen(`name`) (a file name searched like NCCL's, or a path), the v11 table, init.
 std::string load(const std::string& name, Plugin* out);
 
+// One line per device on stdout: name, speed (Mbit/s), latency (us), pciPath, maxRecvs.
+std::string printProperties(Plugin& p);
+
 // The message sizes both ends agree on (0 to 64 MiB).
 std::vector<std::size_t> planSizes();
 

@@ -59,7 +59,7 @@ std::string readHandle(const std::string& path, double timeoutSec, std::vector<s
 
 int main(int argc, char** argv) {
   CLI::App app{"Drive an NCCL net plugin as NCCL does, without NCCL (conformance and throughput)"};
-  bool listen = false, connect = false, both = false;
+  bool listen = false, connect = false, both = false, properties = false;
   std::string handleFile, plugin = "libnccl-net-meridian.so";
   int repeats = 1;
   double timeout = 60;
@@ -68,8 +68,10 @@ int main(int argc, char** argv) {
   auto* l = app.add_flag("--listen", listen, "Listen, accept and receive");
   auto* c = app.add_flag("--connect", connect, "Connect and send");
   auto* b = app.add_flag("--both", both, "Both ends in this process, alternating on one thread");
-  l->excludes(c)->excludes(b);
-  c->excludes(b);
+  auto* pr = app.add_flag("--properties", properties, "Print every device's properties as NCCL reads them, and exit");
+  l->excludes(c)->excludes(b)->excludes(pr);
+  c->excludes(b)->excludes(pr);
+  b->excludes(pr);
   app.add_option("--handle-file", handleFile, "Where the listener writes its handle and the connector reads it");
   app.add_option("--plugin", plugin, "The plugin library (a file name searched like NCCL does, or a path)");
   app.add_option("--repeat", repeats, "Run the transfer plan this many times")->check(CLI::Range(1, 100000));
@@ -78,8 +80,8 @@ int main(int argc, char** argv) {
   app.add_option("--inflight", benchInflight, "--bench: messages in flight")->check(CLI::Range(1, 32));
   app.add_option("--timeout", timeout, "Seconds the connector waits for the handle file")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
-  if (!listen && !connect && !both) {
-    std::fprintf(stderr, "meridian-nccl-check: say --listen, --connect or --both\n");
+  if (!listen && !connect && !both && !properties) {
+    std::fprintf(stderr, "meridian-nccl-check: say --listen, --connect, --both or --properties\n");
     return 2;
   }
   if ((listen || connect) && handleFile.empty()) {
@@ -88,6 +90,11 @@ int main(int argc, char** argv) {
   }
   Plugin p;
   std::string error = conformance::load(plugin, &p);
+  if (properties) {
+    if (error.empty()) error = conformance::printProperties(p);
+    if (!error.empty()) std::fprintf(stderr, "meridian-nccl-check: FAILED: %s\n", error.c_str());
+    return error.empty() ? 0 : 1;
+  }
   void *sendComm = nullptr, *recvComm = nullptr, *listenComm = nullptr;
   std::vector<std::uint8_t> handle;
   if (error.empty() && (listen || both)) error = conformance::listen(p, &handle, &listenComm);

@@ -7,15 +7,18 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <cmath>
 #include <climits>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <optional>
 #include <random>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "core/clock.h"
 #include "core/knobs.h"
@@ -140,6 +143,89 @@ Result<ConnectHandle> decodeHandle(std::span<const std::uint8_t, ConnectHandle::
 void setHandlePending(std::span<std::uint8_t, ConnectHandle::kBytes> handle, std::uint64_t pending) {
   wire::store<std::uint64_t>(&handle[16], pending);
 }
+
+// ---------------------------------------------------------------- measured links
+
+Result<LinkLatency> latencyFromProbeReport(std::string_view reportJson, const std::string& region,
+                                           const std::vector<int>& planes) {
+  using nlohmann::json;
+  const json report = json::parse(reportJson, nullptr, false);
+  if (report.is_discarded() || !report.is_object()) return invalidArgument("not a JSON object");
+  const json& names = report.value("regions", json());
+  const json& planeList = report.value("planes", json());
+  if (!names.is_array() || !planeList.is_array()) return invalidArgument("no \"regions\" and \"planes\" arrays");
+  std::vector<std::string> regions;
+  for (const json& n : names) {
+    if (!n.is_string()) return invalidArgument("a region name that is not a string");
+    regions.push_back(n.get<std::string>());
+  }
+  const auto own = std::find(regions.begin(), regions.end(), region);
+  if (own == regions.end()) {
+    return invalidArgument("region '{}' is not in the report (it has: {})", region, fmt::join(regions, ", "));
+  }
+  const std::size_t nr = regions.size(), from = static_cast<std::size_t>(own - regions.begin());
+  // Per destination region, the best (lowest) minimum round trip over the device's planes.
+  std::vector<double> best(nr, -1);
+  for (const json& plane : planeList) {
+    if (!plane.is_object()) return invalidArgument("a plane that is not an object");
+    const json& index = plane.value("index", json());
+    if (!index.is_number_integer()) return invalidArgument("a plane without an integer \"index\"");
+    if (std::find(planes.begin(), planes.end(), index.get<int>()) == planes.end()) continue;
+    const json& cells = plane.value("min_rtt_ms", json());
+    if (!cells.is_array() || cells.size() != nr * nr) {
+      return invalidArgument("plane {}: min_rtt_ms holds {} values, not {} x {}", index.get<int>(),
+                             cells.is_array() ? cells.size() : 0, nr, nr);
+    }
+    for (std::size_t to = 0; to < nr; ++to) {
+      const json& v = cells[from * nr + to];
+      if (v.is_null()) continue;
+      if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0) {
+        return invalidArgument("plane {}: a round trip that is not a non-negative number", index.get<int>());
+      }
+      const double ms = v.get<double>();
+      if (best[to] < 0 || ms < best[to]) best[to] = ms;
+    }
+  }
+  LinkLatency out;
+  double farthest = -1;
+  for (std::size_t to = 0; to < nr; ++to) {
+    if (to != from && best[to] > farthest) {
+      farthest = best[to];
+      out.toRegion = regions[to];
+    }
+  }
+  if (farthest < 0 && best[from] >= 0) {  // one region: the round trips inside it
+    farthest = best[from];
+    out.toRegion = region;
+  }
+  if (farthest < 0) return invalidArgument("no round trip from region '{}' on plane(s) {}", region, fmt::join(planes, ", "));
+  out.oneWayUs = farthest * 1000 / 2;
+  return out;
+}
+
+namespace {
+
+// The device's latency from MERIDIAN_NCCL_LINKS (when set).
+Status applyMeasuredLinks(const std::string& path, DeviceInfo& info, const std::vector<int>& planes) {
+  const std::string region = knobString(knobs::kRegion);
+  if (region.empty()) return invalidArgument("MERIDIAN_NCCL_LINKS is set but MERIDIAN_REGION is not: which row is this node's?");
+  constexpr std::uintmax_t kMaxReportBytes = 16u << 20;
+  std::error_code ec;
+  const std::uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec) return invalidArgument("MERIDIAN_NCCL_LINKS={}: {}", path, ec.message());
+  if (size > kMaxReportBytes) return invalidArgument("MERIDIAN_NCCL_LINKS={}: {} bytes (at most {})", path, size, kMaxReportBytes);
+  std::ifstream f(path, std::ios::binary);
+  const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  if (!f.good() && !f.eof()) return invalidArgument("MERIDIAN_NCCL_LINKS={}: cannot read it", path);
+  auto got = latencyFromProbeReport(text, region, planes);
+  if (!got) return got.status().withContext(fmt::format("MERIDIAN_NCCL_LINKS={}", path));
+  info.latencyUs = static_cast<float>(got->oneWayUs);
+  MLOG_INFO(kPlugin, "device {}: latency {:.0f} us, one way from {} to {} (measured, {})", info.name, got->oneWayUs,
+            region, got->toRegion, path);
+  return Status::ok();
+}
+
+}  // namespace
 
 // ---------------------------------------------------------------- comms
 
@@ -282,10 +368,20 @@ Status Core::init() {
     }
     dev.info.pciPath = sysfsPath(dev.info.interfaces.front());
     dev.info.guid = std::hash<std::string>{}(fmt::format("{}", fmt::join(groups[d], ",")));
+    if (const std::string links = knobString(knobs::kNcclLinks); !links.empty()) {
+      std::vector<int> planes;
+      if (mode == "virtual") {
+        for (std::size_t p = 0; p < paths.size(); ++p) planes.push_back(static_cast<int>(p));
+      } else {
+        planes.push_back(static_cast<int>(d));
+      }
+      MERIDIAN_RETURN_IF_ERROR(applyMeasuredLinks(links, dev.info, planes));
+    }
     transport::tcp::DeviceOptions o;
     o.localAddresses = groups[d];
     o.name = fmt::format("nccl{}", d);
     o.adaptive = adaptive_;
+    o.labelPeersByHost = true;
     MERIDIAN_ASSIGN_OR_RETURN(dev.tcp, transport::tcp::TcpDevice::create(std::move(o)));
     devices_.push_back(std::move(dev));
   }

@@ -28,6 +28,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -52,13 +53,25 @@ Result<ConnectHandle> decodeHandle(std::span<const std::uint8_t, ConnectHandle::
 // Connector side: records the connect in progress in the handle NCCL passes again.
 void setHandlePending(std::span<std::uint8_t, ConnectHandle::kBytes> handle, std::uint64_t pending);
 
+// What a `meridian-probe --json` report (MERIDIAN_NCCL_LINKS) says about one device: half the
+// minimum round trip from `region` to the farthest other region over the best of `planes`
+// (the device's paths), or within the region when the report has no other. NCCL's `latency`.
+struct LinkLatency {
+  double oneWayUs = 0;
+  std::string toRegion;  // where the farthest round trip goes
+};
+// invalidArgument naming what is wrong: not JSON, no such region, matrices of the wrong
+// size, no round trip from the region on those planes.
+Result<LinkLatency> latencyFromProbeReport(std::string_view reportJson, const std::string& region,
+                                           const std::vector<int>& planes);
+
 struct DeviceInfo {
   std::string name;      // "meridian0"
   std::string pciPath;   // sysfs path of the first path's interface
   std::vector<std::string> addresses;  // local IPv4 per path
   std::vector<std::string> interfaces; // their interface names
   int speedMbps = 0;     // summed link speed of the paths (kernel's figure; 10 Gbit/s when unknown)
-  float latencyUs = 0;   // unknown at start-up: 0
+  float latencyUs = 0;   // from MERIDIAN_NCCL_LINKS when set, else 0 (unknown)
   std::uint64_t guid = 0;
 };
 

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
+#include <regex>
 #include <thread>
 
 #include <fmt/format.h>
@@ -24,6 +26,20 @@ TEST(NcclPluginLabTest, TransfersSurviveAPathDegradedAndThenCutBetweenRegions) {
   LabSession session("mlplugin", file, "--time-scale 0.25");
   auto up = session.up();
   ASSERT_EQ(up.code, 0) << up.output;
+  // What NCCL reads at init: the latency meridian-probe measured across the regions. wan-a
+  // is 20 ms one way between east and west, a quarter of that here; wan-b is slower.
+  const std::string links = ::testing::TempDir() + "/nccl-lab-links.json";
+  std::filesystem::remove(links);
+  auto probe = session.run(fmt::format("exec-all -- {} --duration 3 --every 3 --json {}", MERIDIAN_PROBE_BIN, links));
+  ASSERT_EQ(probe.code, 0) << probe.output;
+  auto props = session.run(fmt::format("run west-1 -- env LD_LIBRARY_PATH={} MERIDIAN_SECRET=nccl-lab MERIDIAN_NCCL_LINKS={} "
+                                       "NCCL_DEBUG=INFO {} --properties",
+                                       MERIDIAN_PLUGIN_DIR, links, MERIDIAN_CHECK_BIN));
+  ASSERT_EQ(props.code, 0) << props.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(props.output, m, std::regex("latency ([0-9.]+) us, pciPath"))) << props.output;
+  EXPECT_NEAR(std::stod(m[1]), 5000, 500) << props.output;
+  EXPECT_NE(props.output.find(" us (measured), region west"), std::string::npos) << "NCCL's INFO line\n" << props.output;
   const std::string handle = ::testing::TempDir() + "/nccl-lab-handle";
   const std::string env = fmt::format(
       "env LD_LIBRARY_PATH={} MERIDIAN_SECRET=nccl-lab MERIDIAN_PATH_STALL_MS=1000 NCCL_DEBUG=INFO "

@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstdio>
+#include <fstream>
 #include <set>
 #include <sstream>
 #include <string>
@@ -158,6 +159,75 @@ TEST(NcclPluginTest, BadUseReturnsTheDocumentedErrors) {
   EXPECT_EQ(net->closeRecv(recvComm), kNcclSuccess);
   EXPECT_EQ(net->closeListen(listenComm), kNcclSuccess);
   EXPECT_EQ(net->closeListen(listenComm), kNcclInvalidArgument);
+}
+
+// A meridian-probe --json report: london, virginia, singapore; two planes.
+constexpr const char* kReport = R"({
+  "regions": ["london", "virginia", "singapore"], "regions_inferred": false,
+  "planes": [
+    {"index": 0, "min_rtt_ms": [0.3, 76.0, 170.0,  76.5, 0.2, 214.0,  170.5, 214.5, 0.3]},
+    {"index": 1, "min_rtt_ms": [0.3, 80.0, 160.0,  80.5, 0.2, null,   160.5, null,  0.3]}
+  ]})";
+
+TEST(NcclPluginLinksTest, LatencyIsHalfTheRoundTripToTheFarthestRegionOnTheBestPlane) {
+  auto both = latencyFromProbeReport(kReport, "london", {0, 1});
+  ASSERT_TRUE(both.isOk()) << both.status().toString();
+  EXPECT_DOUBLE_EQ(both->oneWayUs, 80'000) << "singapore over plane 1 (160 ms), the better of 170 and 160";
+  EXPECT_EQ(both->toRegion, "singapore");
+  auto plane0 = latencyFromProbeReport(kReport, "london", {0});
+  ASSERT_TRUE(plane0.isOk());
+  EXPECT_DOUBLE_EQ(plane0->oneWayUs, 85'000);
+  auto virginia = latencyFromProbeReport(kReport, "virginia", {1});
+  ASSERT_TRUE(virginia.isOk()) << "a null cell (no round trip to singapore on plane 1) is skipped";
+  EXPECT_DOUBLE_EQ(virginia->oneWayUs, 40'250);
+  EXPECT_EQ(virginia->toRegion, "london");
+  auto alone = latencyFromProbeReport(R"({"regions": ["lab"], "planes": [{"index": 0, "min_rtt_ms": [0.4]}]})", "lab", {0});
+  ASSERT_TRUE(alone.isOk()) << "one region: the round trips inside it";
+  EXPECT_DOUBLE_EQ(alone->oneWayUs, 200);
+}
+
+TEST(NcclPluginLinksTest, RefusesReportsItCannotUseWithAClearReason) {
+  auto expectRefused = [](std::string_view json, const std::string& region, std::vector<int> planes, const char* says) {
+    auto got = latencyFromProbeReport(json, region, planes);
+    ASSERT_FALSE(got.isOk()) << json;
+    EXPECT_EQ(got.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(got.status().message().find(says), std::string::npos) << got.status().toString();
+  };
+  expectRefused("{not json", "london", {0}, "not a JSON object");
+  expectRefused("[1, 2]", "london", {0}, "not a JSON object");
+  expectRefused(R"({"regions": "london"})", "london", {0}, "arrays");
+  expectRefused(kReport, "tokyo", {0}, "region 'tokyo' is not in the report (it has: london, virginia, singapore)");
+  expectRefused(R"({"regions": ["a", "b"], "planes": [{"index": 0, "min_rtt_ms": [1, 2, 3]}]})", "a", {0}, "3 values, not 2 x 2");
+  expectRefused(R"({"regions": ["a", "b"], "planes": [{"index": 0, "min_rtt_ms": [null, -4, 1, null]}]})", "a", {0},
+                "non-negative");
+  expectRefused(R"({"regions": ["a", "b"], "planes": [{"index": 0, "min_rtt_ms": [null, null, 1, null]}]})", "a", {0},
+                "no round trip from region 'a'");
+  expectRefused(kReport, "london", {5}, "no round trip");
+  expectRefused(R"({"regions": ["a"], "planes": [{"min_rtt_ms": [1]}]})", "a", {0}, "integer \"index\"");
+}
+
+// What NCCL reads at init (meridian-nccl-check --properties, a fresh process per setting).
+TEST(NcclPluginTest, DevicesReportTheLatencyOfTheLinksFile) {
+  const std::string file = ::testing::TempDir() + "/nccl-links.json";
+  {
+    std::ofstream(file) << kReport;
+  }
+  const std::string check = fmt::format("{} --properties 2>&1; echo exit=$?", MERIDIAN_CHECK_BIN);
+  std::string out = run("MERIDIAN_NCCL_LINKS=" + file + " MERIDIAN_REGION=london " + check);
+  EXPECT_NE(out.find("latency 80000.0 us"), std::string::npos) << out;
+  EXPECT_NE(out.find("exit=0"), std::string::npos) << out;
+  out = run("MERIDIAN_NCCL_LINKS=" + file + " MERIDIAN_NCCL_DEVICES=paths MERIDIAN_REGION=london " + check);
+  EXPECT_NE(out.find("device 0: name meridian0, speed"), std::string::npos) << out;
+  EXPECT_NE(out.find("latency 85000.0 us"), std::string::npos) << "device 0 is plane 0 alone\n" << out;
+  EXPECT_NE(out.find("latency 80000.0 us"), std::string::npos) << "device 1 is plane 1 alone\n" << out;
+  out = run(check);
+  EXPECT_NE(out.find("latency 0.0 us"), std::string::npos) << "without a report the latency is unknown\n" << out;
+  out = run("MERIDIAN_NCCL_LINKS=" + file + " MERIDIAN_REGION= " + check);
+  EXPECT_NE(out.find("MERIDIAN_REGION is not"), std::string::npos) << out;
+  EXPECT_NE(out.find("exit=1"), std::string::npos) << out;
+  out = run("MERIDIAN_NCCL_LINKS=" + file + ".missing MERIDIAN_REGION=london " + check);
+  EXPECT_NE(out.find("nccl-links.json.missing"), std::string::npos) << out;
+  EXPECT_NE(out.find("exit=1"), std::string::npos) << out;
 }
 
 TEST(NcclPluginHandleTest, RoundTripsAndRefusesGarbage) {

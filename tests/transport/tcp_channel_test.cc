@@ -160,11 +160,14 @@ TEST(TcpChannelTest, RoutingWeightsShiftChunksBetweenPaths) {
   sendRecv(p, 32 << 20, 2);
   auto shares = sentShares(p.ab, stats);
   EXPECT_LT(shares[1], 0.2) << "the down-weighted path still took " << shares[1];
-  // Back to neutral: both paths carry again.
+  // Back to neutral: both paths carry again. A raised path restarts from an eighth of the
+  // best path's rate and earns the rest as its chunks are measured, so look at the message
+  // after the first.
   const double neutral[] = {1.0, 1.0};
   p.ab->setPathWeights(neutral);
-  stats = p.ab->pathStats();
   sendRecv(p, 32 << 20, 3);
+  stats = p.ab->pathStats();
+  sendRecv(p, 32 << 20, 4);
   shares = sentShares(p.ab, stats);
   EXPECT_GT(shares[1], 0.2);
 }
@@ -280,6 +283,44 @@ TEST(TcpChannelTest, WrongSecretCannotOpenAChannel) {
   ASSERT_FALSE(ch.isOk());
   EXPECT_EQ(ch.status().code(), StatusCode::kPeerError);
   EXPECT_NE(ch.status().message().find("secret"), std::string::npos) << ch.status().toString();
+}
+
+// Callers without stable ranks (NCCL's connections) name peers by host: a connector with a
+// random id and the listener that accepts it both label their series with the other's IP.
+TEST(TcpChannelTest, MetricsCanNameThePeerByHost) {
+  DeviceOptions o;
+  o.secret = "test-secret";
+  o.labelPeersByHost = true;
+  o.localAddresses = {"127.0.0.3"};
+  o.name = "by-host-tx";
+  auto a = TcpDevice::create(o).value();
+  o.localAddresses = {"127.0.0.4"};
+  o.name = "by-host-rx";
+  auto b = TcpDevice::create(o).value();
+  const std::uint64_t session = 0xb057;
+  auto tx = a->openChannel({session, 912345, 0, true, b->listenAddresses()}, Clock::now() + kTimeout);
+  ASSERT_TRUE(tx.isOk()) << tx.status().toString();
+  Result<std::pair<int, ChannelPtr>> rx = againStatus("none yet");
+  for (auto until = Clock::now() + kTimeout; !rx && rx.status().code() == StatusCode::kAgain && Clock::now() < until;) {
+    rx = b->acceptChannel(session);
+    if (!rx) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(rx.isOk()) << rx.status().toString();
+  EXPECT_EQ(rx->first, 912345);
+  auto data = pattern(300000, 5);
+  std::vector<std::uint8_t> out(data.size());
+  auto r = rx->second->irecv(out.data(), out.size(), 1).value();
+  auto s = (*tx)->isend(data.data(), data.size(), 1).value();
+  ASSERT_TRUE(s->wait(Clock::now() + kTimeout).isOk());
+  ASSERT_TRUE(r->wait(Clock::now() + kTimeout).isOk());
+  EXPECT_EQ(out, data);
+  auto& reg = MetricsRegistry::global();
+  const MetricLabels sent{{"device", "by-host-tx"}, {"peer", "127.0.0.4"}, {"path", "0"}};
+  const MetricLabels received{{"device", "by-host-rx"}, {"peer", "127.0.0.3"}, {"path", "0"}};
+  EXPECT_EQ(reg.counter("meridian_transport_path_sent_bytes_total", "", sent).value(), data.size());
+  EXPECT_EQ(reg.counter("meridian_transport_path_received_bytes_total", "", received).value(), data.size());
+  const MetricLabels byRank{{"device", "by-host-tx"}, {"peer", "0"}, {"path", "0"}};
+  EXPECT_EQ(reg.counter("meridian_transport_path_sent_bytes_total", "", byRank).value(), 0u) << "no series by rank";
 }
 
 TEST(TcpChannelTest, AcceptTimesOutWhenThePeerNeverComes) {

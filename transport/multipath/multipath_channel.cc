@@ -100,12 +100,13 @@ MultipathChannel::MultipathChannel(int peerRank, std::vector<PathEndpoints> path
       wake_(std::move(wakeProgress)),
       progressor_(std::move(progressor)) {
   auto& reg = MetricsRegistry::global();
+  const std::string peer = config_.peerLabel.empty() ? std::to_string(peerRank) : config_.peerLabel;
   for (std::size_t i = 0; i < paths.size(); ++i) {
     auto p = std::make_unique<PathState>();
     p->endpoints = paths[i];
     p->alive.store(!paths[i].relay, std::memory_order_relaxed);
     MetricLabels labels{{"device", config_.deviceName},
-                        {"peer", std::to_string(peerRank)},
+                        {"peer", peer},
                         {"path", paths[i].relay ? std::string("relay") : std::to_string(i)}};
     p->bytesSent = &reg.counter("meridian_transport_path_sent_bytes_total", "Payload bytes written to a path", labels);
     p->chunksSent = &reg.counter("meridian_transport_path_sent_chunks_total", "Chunks written to a path", labels);
@@ -126,7 +127,7 @@ MultipathChannel::MultipathChannel(int peerRank, std::vector<PathEndpoints> path
   }
   unexpectedBytes_ = &reg.counter("meridian_transport_unexpected_bytes_total",
                                   "Payload bytes that arrived before their receive was posted (buffered, copied once)",
-                                  {{"device", config_.deviceName}, {"peer", std::to_string(peerRank)}});
+                                  {{"device", config_.deviceName}, {"peer", peer}});
 }
 
 MultipathChannel::~MultipathChannel() = default;

@@ -42,6 +42,7 @@ struct MultipathConfig {
   std::int64_t pathStallUs = 3'000'000;
   std::uint64_t maxUnexpectedBytes = 1ull << 30;
   std::string deviceName = "0";                    // metrics label
+  std::string peerLabel;                           // metrics "peer" label; empty: the peer's rank
   // false (MERIDIAN_ROUTING=static): fixed even striping, as NCCL splits over several NICs:
   // every live path gets the same share of the bytes whatever its rate or weight, and a
   // chunk waits for its path's window rather than move to another path.

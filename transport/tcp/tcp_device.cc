@@ -1107,7 +1107,12 @@ std::unique_ptr<ChannelEntry> TcpDevice::Impl::makeEntry(std::uint64_t sessionId
   if (options.relaySlot) endpoints.push_back({"", "relay", true});
   entry->streams.resize(endpoints.size());
   entry->expectedStreams.assign(endpoints.size(), 0);
-  entry->channel = std::make_shared<MultipathChannel>(peerRank, std::move(endpoints), channelConfig(),
+  MultipathConfig config = channelConfig();
+  if (options.labelPeersByHost && !endpoints.empty()) {
+    auto hp = parseHostPort(endpoints.front().remoteAddress);
+    config.peerLabel = hp ? hp->host : endpoints.front().remoteAddress;
+  }
+  entry->channel = std::make_shared<MultipathChannel>(peerRank, std::move(endpoints), std::move(config),
                                                       [w = waker] { w->ring(); }, poller);
   return entry;
 }

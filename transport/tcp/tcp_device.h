@@ -35,6 +35,10 @@ struct DeviceOptions {
   // Every channel gets one more path, a relay slot (down until openRelay), and this device
   // relays for its channels' peers. Both ends of a channel must agree (MERIDIAN_RELAY).
   bool relaySlot = false;
+  // Metrics name the peer by its host (path 0's remote IP) instead of its rank: for callers
+  // whose "ranks" are not stable names (the NCCL plugin's random connection ids), so series
+  // stay one per peer host however often connections come and go.
+  bool labelPeersByHost = false;
 };
 
 // A relay path from this rank to `peerRank` through `viaRank`: the streams go to via's
