@@ -73,23 +73,7 @@ bool run(const Flow& f) {
   std::vector<std::vector<std::uint8_t>> sbuf(static_cast<std::size_t>(f.inflight), std::vector<std::uint8_t>(f.size, 1));
   std::vector<std::vector<std::uint8_t>> rbuf(static_cast<std::size_t>(f.inflight), std::vector<std::uint8_t>(f.size, 0));
   std::vector<RequestPtr> sr(static_cast<std::size_t>(f.inflight)), rr(static_cast<std::size_t>(f.inflight));
-  auto finish = [&](RequestPtr& r) {
-    if (!r) return true;
-    if (f.poll) {
-      while (!r->test()) {
-      }
-      bool ok = r->status().isOk();
-      r.reset();
-      return ok;
-    }
-    bool ok = r->wait().isOk();
-    r.reset();
-    return ok;
-  };
-  for (int i = 0; i < f.iters + f.inflight; ++i) {
-    auto slot = static_cast<std::size_t>(i % f.inflight);
-    if (!finish(sr[slot]) || !finish(rr[slot])) return false;
-    if (i >= f.iters) continue;
+  auto post = [&](std::size_t slot) {
     if (f.rx != nullptr) {
       auto r = f.rx->irecv(rbuf[slot].data(), f.size, 0);
       if (!r) return false;
@@ -100,6 +84,42 @@ bool run(const Flow& f) {
       if (!s) return false;
       sr[slot] = std::move(s).value();
     }
+    return true;
+  };
+  if (f.poll) {
+    // As NCCL's proxy thread (and meridian-nccl-check) does: test every slot in turn and
+    // post the next message into whichever is done.
+    int posted = 0, done = 0;
+    for (std::size_t slot = 0; slot < sr.size() && posted < f.iters; ++slot, ++posted) {
+      if (!post(slot)) return false;
+    }
+    while (done < f.iters) {
+      for (std::size_t slot = 0; slot < sr.size(); ++slot) {
+        if (!sr[slot] && !rr[slot]) continue;
+        if ((sr[slot] && !sr[slot]->test()) || (rr[slot] && !rr[slot]->test())) continue;
+        if ((sr[slot] && !sr[slot]->status().isOk()) || (rr[slot] && !rr[slot]->status().isOk())) return false;
+        sr[slot].reset();
+        rr[slot].reset();
+        ++done;
+        if (posted < f.iters) {
+          if (!post(slot)) return false;
+          ++posted;
+        }
+      }
+    }
+    return true;
+  }
+  auto finish = [&](RequestPtr& r) {
+    if (!r) return true;
+    bool ok = r->wait().isOk();
+    r.reset();
+    return ok;
+  };
+  for (int i = 0; i < f.iters + f.inflight; ++i) {
+    auto slot = static_cast<std::size_t>(i % f.inflight);
+    if (!finish(sr[slot]) || !finish(rr[slot])) return false;
+    if (i >= f.iters) continue;
+    if (!post(slot)) return false;
   }
   return true;
 }
