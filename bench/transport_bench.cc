@@ -19,6 +19,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "core/file_util.h"
 #include "core/knobs.h"
 #include "transport/tcp/tcp_device.h"
 
@@ -32,15 +33,9 @@ constexpr int kSenderRank = 1;
 
 // The listener's addresses, one per line, written atomically.
 bool writeAddresses(const std::string& path, const std::vector<std::string>& addresses) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    for (const auto& a : addresses) f << a << '\n';
-    if (!f) return false;
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  return !ec;
+  std::string text;
+  for (const auto& a : addresses) text += a + "\n";
+  return writeFileAtomically(path, text).isOk();
 }
 
 std::vector<std::string> readAddresses(const std::string& path, TimePoint deadline) {

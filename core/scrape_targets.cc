@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/file_util.h"
 #include "core/knobs.h"
 #include "core/host_port.h"
 #include "core/log.h"
@@ -75,19 +76,8 @@ Status writeScrapeTargets(const std::string& job, const std::vector<ScrapeTarget
     for (const auto& [k, v] : t.labels) labels[k] = v;
     entries.push_back({{"targets", {t.address}}, {"labels", labels}});
   }
-  const std::string path = dir + "/" + job + ".json";
-  const std::string tmp = dir + "/." + job + ".json.tmp" + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << entries.dump(2) << "\n";
-    if (!out) return invalidArgument("scrape targets: cannot write {}", tmp);
-  }
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    return invalidArgument("scrape targets: cannot rename to {}: {}", path, ec.message());
-  }
-  return Status::ok();
+  // The temporary name does not end in .json, so Prometheus never reads a half-written file.
+  return writeFileAtomically(dir + "/" + job + ".json", entries.dump(2) + "\n").withContext("scrape targets");
 }
 
 void removeScrapeTargets(const std::string& job) {

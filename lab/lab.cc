@@ -23,6 +23,7 @@
 
 #include <fmt/format.h>
 
+#include "core/file_util.h"
 #include "core/local_launch.h"
 #include "core/scrape_targets.h"
 #include "lab/emulator.h"
@@ -77,17 +78,6 @@ std::vector<int> pidsInNamespace(const std::string& ns) {
   }
   ::closedir(d);
   return pids;
-}
-
-Status writeFileAtomically(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << text;
-    if (!f) return internalError("cannot write {}", tmp);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return internalError("cannot rename {}: {}", tmp, std::strerror(errno));
-  return Status::ok();
 }
 
 nlohmann::json stateJson(const LabState& s, const std::string& topologyFile) {

@@ -21,6 +21,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "core/file_util.h"
 #include "core/knobs.h"
 #include "nccl_plugin/conformance.h"
 
@@ -30,15 +31,8 @@ using meridian::plugin::conformance::Plugin;
 namespace conformance = meridian::plugin::conformance;
 
 std::string writeHandle(const std::string& path, const std::vector<std::uint8_t>& handle) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(reinterpret_cast<const char*>(handle.data()), static_cast<std::streamsize>(handle.size()));
-    if (!f) return "cannot write " + tmp;
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  return ec ? "cannot rename to " + path + ": " + ec.message() : "";
+  meridian::Status st = meridian::writeFileAtomically(path, std::string_view(reinterpret_cast<const char*>(handle.data()), handle.size()));
+  return st.isOk() ? "" : st.message();
 }
 
 std::string readHandle(const std::string& path, double timeoutSec, std::vector<std::uint8_t>* handle) {

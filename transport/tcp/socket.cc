@@ -65,10 +65,9 @@ bool setNotsentLowat(int fd, int bytes) {
   return setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &bytes, sizeof(bytes)) == 0;
 }
 
-void tuneDataSocket(int fd, int bufferBytes, int notsentLowatBytes) {
+void tuneDataSocket(int fd, int bufferBytes) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  if (notsentLowatBytes > 0) setNotsentLowat(fd, notsentLowatBytes);
   if (bufferBytes > 0) {
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bufferBytes, sizeof(bufferBytes));
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bufferBytes, sizeof(bufferBytes));

@@ -40,8 +40,7 @@ Status recvAll(int fd, void* data, std::size_t bytes, TimePoint deadline);
 Status setNonBlocking(int fd, bool on);
 // TCP_NOTSENT_LOWAT: unsent bytes the kernel may hold before the socket stops being writable.
 bool setNotsentLowat(int fd, int bytes);
-// TCP_NODELAY; SO_SNDBUF and SO_RCVBUF when `bufferBytes` > 0; TCP_NOTSENT_LOWAT when
-// `notsentLowatBytes` > 0.
-void tuneDataSocket(int fd, int bufferBytes, int notsentLowatBytes = 0);
+// TCP_NODELAY; SO_SNDBUF and SO_RCVBUF when `bufferBytes` > 0.
+void tuneDataSocket(int fd, int bufferBytes);
 
 }  // namespace meridian::transport::tcp

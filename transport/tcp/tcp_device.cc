@@ -214,6 +214,8 @@ struct TcpDevice::Impl {
   // like a stall to the peer), and keep chunks on it that a faster path could take; on a fast
   // one, a small limit would only cost wake-ups.
   static constexpr double kNotsentHorizonSec = 0.02;
+  // Sets a stream's TCP_NOTSENT_LOWAT for its measured delivery rate (0: not known yet).
+  void limitUnsent(Stream& s, double deliveryBytesPerSec);
 
   void wake() { waker->ring(); }
 
@@ -548,11 +550,11 @@ void TcpDevice::Impl::stepRelay(RelayEntry& r) {
 
 void TcpDevice::Impl::attachStream(ChannelEntry& e, UniqueFd fd, std::size_t path) {
   auto s = std::make_unique<Stream>();
-  tuneDataSocket(fd.get(), options.socketBufferBytes, options.notsentLowatBytes);
-  s->notsentLowat = options.notsentLowatBytes;
+  tuneDataSocket(fd.get(), options.socketBufferBytes);
   (void)setNonBlocking(fd.get(), true);
   s->fd = std::move(fd);
   s->path = path;
+  limitUnsent(*s, 0);  // the floor until the first TCP_INFO reading gives a rate
   s->entry = &e;
   s->rbuf = std::make_unique<std::uint8_t[]>(kReadBufferBytes);
   epollSet(s->fd.get(), EPOLLIN, true);
@@ -788,17 +790,19 @@ void TcpDevice::Impl::readTcpInfo(ChannelEntry& e) {
       f.deliveryBytesPerSec += static_cast<double>(info.tcpi_delivery_rate);
       f.retransmits += info.tcpi_total_retrans;
       f.segmentsSent += info.tcpi_segs_out;
-      if (options.notsentLowatBytes > 0) {
-        const double want = std::max(static_cast<double>(options.notsentLowatBytes),
-                                     static_cast<double>(info.tcpi_delivery_rate) * kNotsentHorizonSec);
-        const int lowat = static_cast<int>(std::min(want, static_cast<double>(1 << 30)));
-        // Only changes of 2x or more: the delivery rate moves all the time.
-        if (lowat >= 2 * s->notsentLowat || 2 * lowat <= s->notsentLowat) {
-          if (setNotsentLowat(s->fd.get(), lowat)) s->notsentLowat = lowat;
-        }
-      }
+      limitUnsent(*s, static_cast<double>(info.tcpi_delivery_rate));
     }
     if (f.rttUs >= 0) e.channel->setTcpFigures(p, f);
+  }
+}
+
+void TcpDevice::Impl::limitUnsent(Stream& s, double deliveryBytesPerSec) {
+  if (options.notsentLowatBytes <= 0) return;
+  const double want = std::max(static_cast<double>(options.notsentLowatBytes), deliveryBytesPerSec * kNotsentHorizonSec);
+  const int lowat = static_cast<int>(std::min(want, static_cast<double>(1 << 30)));
+  // Only changes of 2x or more: the delivery rate moves all the time.
+  if (lowat >= 2 * s.notsentLowat || 2 * lowat <= s.notsentLowat) {
+    if (setNotsentLowat(s.fd.get(), lowat)) s.notsentLowat = lowat;
   }
 }
 
