@@ -39,6 +39,7 @@ struct Args {
   std::string jsonPath;
   bool transportStats = false;
   double durationSec = 0;   // > 0: timeline mode
+  long long minOps = 0;     // timeline mode: go on past the duration until this many ops ran
   double intervalSec = 1.0;
 };
 
@@ -83,6 +84,7 @@ int runTimeline(const Args& a, const std::string& cmd, collectives::Communicator
   auto intervalStart = start;
   auto lastBytes = crossRegionBytes(comm);
   int ops = 0;
+  long long opsTotal = 0;
   std::size_t wrongTotal = 0;
   bool anyWrong = false;
   for (;;) {
@@ -96,12 +98,13 @@ int runTimeline(const Args& a, const std::string& cmd, collectives::Communicator
     }
     if (a.check) wrongTotal += countWrong(comm, op, recv.data(), count, dtype, redop, a.root);
     ++ops;
+    ++opsTotal;
     // Rank 0's clock decides when an interval ends and when to stop; everyone follows.
     auto now = std::chrono::steady_clock::now();
     double decide[2] = {0, 0};
     if (comm.rank() == 0) {
       decide[0] = std::chrono::duration<double>(now - intervalStart).count() >= a.intervalSec ? 1 : 0;
-      decide[1] = std::chrono::duration<double>(now - start).count() >= a.durationSec ? 1 : 0;
+      decide[1] = std::chrono::duration<double>(now - start).count() >= a.durationSec && opsTotal >= a.minOps ? 1 : 0;
     }
     if (!comm.broadcast(decide, decide, 2, kernels::DataType::kF64, 0).isOk()) return 1;
     if (decide[0] == 0 && decide[1] == 0) continue;
@@ -357,6 +360,8 @@ int main(int argc, char** argv) {
   app.add_option("--duration", a.durationSec,
                  "Timeline mode: repeat the one op and size for this many seconds, a line per --interval");
   app.add_option("--interval", a.intervalSec, "Seconds per timeline line")->check(CLI::PositiveNumber);
+  app.add_option("--min-ops", a.minOps, "Timeline mode: go on past --duration until this many ops have run")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--transport-stats", a.transportStats,
                "Add a column: % of rank 0's received bytes that arrived before their receive was posted");
   CLI11_PARSE(app, argc, argv);

@@ -147,7 +147,8 @@ void RoutingControl::tick(TimePoint now) {
     updateRelays(now);
   }
   if (rank_ != 0) return;
-  if (options_.adaptive && now >= nextReplan_ && now >= nextReplanCheck_) {
+  if (options_.adaptive && now >= nextReplanCheck_ &&
+      (now >= nextReplan_ || table().measuredRates() > ratesAtLastCheck_)) {
     nextReplanCheck_ = now + options_.linkStateInterval;
     replan(now);
   }
@@ -344,6 +345,7 @@ routing::NetworkView RoutingControl::currentView(routing::RegionAssignment* regi
 
 void RoutingControl::replan(TimePoint now) {
   if (!table().complete()) return;
+  ratesAtLastCheck_ = table().measuredRates();
   routing::RegionAssignment regions;
   const routing::NetworkView view = currentView(&regions);
   if (!routing::validate(view).isOk()) return;

@@ -7,7 +7,10 @@
 //    every MERIDIAN_REPLAN_INTERVAL_MS, it builds the planner's view, plans every size class
 //    and proposes the new table to PlanSync when some class is predicted at least
 //    kReplanGain faster than under the plan in force (so measurement noise never flips plans
-//    back and forth). Each replan is logged with its reason and counted by reason.
+//    back and forth). The interval holds back changes of mind, not learning: when the table
+//    holds rates measured on paths that had none at the last check (the first plan of a job
+//    is made on RTTs and priors), the next check comes one row period later. Each replan is
+//    logged with its reason and counted by reason.
 //  - Forced replans (rank 0): forceReplan(), or every MERIDIAN_CHAOS_REPLAN_MS, a random
 //    valid plan table (routing::randomPlan), to prove any plan switch is safe.
 // A peer whose control messages fail is left out from then on (its channel is broken; the
@@ -107,6 +110,7 @@ class RoutingControl {
   TimePoint nextRow_{};
   TimePoint nextReplanCheck_{};  // checks follow the rows' period
   TimePoint nextReplan_{};       // proposals at most every replanInterval
+  std::size_t ratesAtLastCheck_ = 0;  // the table's measured rates when rank 0 last planned
   TimePoint nextChaos_{};
   std::uint64_t chaosSeed_ = 1;
   std::vector<TimePoint> nextRelayChange_;  // per peer

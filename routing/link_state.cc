@@ -142,6 +142,15 @@ bool LinkStateTable::complete() const {
   return true;
 }
 
+std::size_t LinkStateTable::measuredRates() const {
+  std::size_t n = 0;
+  for (const auto& row : rows_) {
+    if (!row) continue;
+    for (const auto& l : row->links) n += l.rateBytesPerSec ? 1 : 0;
+  }
+  return n;
+}
+
 std::vector<double> LinkStateTable::rttMatrixUs() const {
   const int n = worldSize_;
   const std::vector<Pair> pairs = pairsOf(rows_, n);

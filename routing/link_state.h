@@ -68,6 +68,10 @@ class LinkStateTable {
   // end's measurement serves both directions).
   bool complete() const;
 
+  // How many (rank, peer, path) cells hold a measured rate. It only grows as paths carry
+  // data: a rise means the table knows something a plan made before it did not.
+  std::size_t measuredRates() const;
+
   // The planner's view. Per ordered pair (i, j):
   //  - latency: half the smaller smoothed RTT over j's paths in i's row, else in j's row;
   //    a pair with none is unusable (rate 0);

@@ -16,6 +16,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -143,8 +144,26 @@ double median(std::vector<double> v) {
 }
 
 // The lab's accuracy promise: within 5% + 0.2 ms of the configured round trip.
+double rttAllowanceMs(double configuredMs) { return configuredMs * 0.05 + 0.2; }
 void expectRtt(double measuredMs, double configuredMs, const std::string& what) {
-  EXPECT_NEAR(measuredMs, configuredMs, configuredMs * 0.05 + 0.2) << what;
+  EXPECT_NEAR(measuredMs, configuredMs, rttAllowanceMs(configuredMs)) << what;
+}
+
+// The promise for a link that is not changing: the median of `count` echoes, measured again
+// (up to three rounds) when a round misses. A shared CI host that stops this process, the
+// echo thread or the emulator for tens of milliseconds (seen: 1 ms sleeps returning after
+// 12-62 ms) moves a whole round's median; the emulator's own error does not come and go.
+void expectSteadyRtt(Echo& echo, int count, double configuredMs, const std::string& what) {
+  std::string rounds;
+  for (int round = 0; round < 3; ++round) {
+    auto rtts = echo.measure(count);
+    ASSERT_GE(rtts.size(), static_cast<std::size_t>(count - 1)) << what << ": echoes lost on a lossless link";
+    const double m = median(rtts);
+    if (std::abs(m - configuredMs) <= rttAllowanceMs(configuredMs)) return;
+    rounds += fmt::format(" {:.2f}", m);
+  }
+  ADD_FAILURE() << what << ": configured " << configuredMs << " ms (allowed +-" << rttAllowanceMs(configuredMs)
+                << "), three rounds' medians:" << rounds << " ms";
 }
 
 TEST_F(LabFixture, RoundTripsMatchTheTopologyOnEveryPlane) {
@@ -163,9 +182,7 @@ TEST_F(LabFixture, RoundTripsMatchTheTopologyOnEveryPlane) {
     const auto& back = t.link(p, t.nodes[node(c.to)].region, t.nodes[node(c.from)].region);
     const double configured = (fwd.delayUs + back.delayUs) * t.timeScale / 1000;
     Echo echo(state_, node(c.from), node(c.to), addr(c.plane, c.from), addr(c.plane, c.to));
-    auto rtts = echo.measure(15);
-    ASSERT_GE(rtts.size(), 14u) << c.plane << " " << c.from << " -> " << c.to << ": echoes lost on a lossless link";
-    expectRtt(median(rtts), configured, fmt::format("{} {} -> {}", c.plane, c.from, c.to));
+    expectSteadyRtt(echo, 15, configured, fmt::format("{} {} -> {}", c.plane, c.from, c.to));
   }
 }
 
@@ -173,7 +190,7 @@ TEST_F(LabFixture, SetChangesTheRoundTripWithinASecondAndCutDropsEverything) {
   REQUIRE_LAB();
   bringUp("--time-scale 0.5");
   Echo echo(state_, node("east-1"), node("west-1"), addr("wan-a", "east-1"), addr("wan-a", "west-1"));
-  expectRtt(median(echo.measure(10)), 20.0, "before set (2 x 20 ms x 0.5)");
+  expectSteadyRtt(echo, 10, 20.0, "before set (2 x 20 ms x 0.5)");
 
   auto r = sh(lab("set wan-a east west --delay 60ms"));
   ASSERT_EQ(r.code, 0) << r.output;
@@ -188,7 +205,7 @@ TEST_F(LabFixture, SetChangesTheRoundTripWithinASecondAndCutDropsEverything) {
 
   r = sh(lab("set wan-a east west --one-way --delay 10ms"));
   ASSERT_EQ(r.code, 0) << r.output;
-  expectRtt(median(echo.measure(10)), 35.0, "one way changed: (10 + 60) x 0.5");
+  expectSteadyRtt(echo, 10, 35.0, "one way changed: (10 + 60) x 0.5");
 
   r = sh(lab("cut wan-a east west"));
   ASSERT_EQ(r.code, 0) << r.output;
@@ -199,7 +216,7 @@ TEST_F(LabFixture, SetChangesTheRoundTripWithinASecondAndCutDropsEverything) {
 
   r = sh(lab("restore wan-a east west"));
   ASSERT_EQ(r.code, 0) << r.output;
-  expectRtt(median(echo.measure(10)), 20.0, "after restore");
+  expectSteadyRtt(echo, 10, 20.0, "after restore");
 
   auto status = sh(lab("status"));
   ASSERT_EQ(status.code, 0) << status.output;
@@ -319,7 +336,7 @@ TEST_F(LabFixture, CrossTrafficQueuesAndDropsLikeRealCongestion) {
   EXPECT_GT(queueDrops, 0u) << "an overloaded drop-tail queue drops";
   // Once the flow is over, the queue drains and the round trip is back.
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  expectRtt(median(echo.measure(5)), 40.0, "after the flow");
+  expectSteadyRtt(echo, 5, 40.0, "after the flow");
 }
 
 TEST_F(LabFixture, ScenarioAppliesTimedEvents) {

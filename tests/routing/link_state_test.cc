@@ -125,6 +125,21 @@ TEST(LinkStateTableTest, ViewFillsMissingRatesInTheDocumentedOrder) {
   EXPECT_DOUBLE_EQ(v.link(0, 4).latencySec, 0.050);
 }
 
+// Rank 0 re-plans early when this count rises (collectives/routing_control.h).
+TEST(LinkStateTableTest, CountsMeasuredRatesAndAnUnmeasuredPathAddsNone) {
+  LinkStateTable t = sampleTable();
+  EXPECT_EQ(t.measuredRates(), 4u) << "0->2 on two paths, 1->0, 3->1";
+  LinkRow row = *t.row(4);
+  row.atUs = 2;
+  row.links.push_back(link(0, 1, 100000.0, std::nullopt));
+  ASSERT_TRUE(t.update(row).isOk());
+  EXPECT_EQ(t.measuredRates(), 4u);
+  row.atUs = 3;
+  row.links.back().rateBytesPerSec = 1e6;
+  ASSERT_TRUE(t.update(row).isOk());
+  EXPECT_EQ(t.measuredRates(), 5u);
+}
+
 TEST(LinkStateTableTest, IncompleteUntilEveryPairHasAnRttAndUnknownPairsAreUnusable) {
   LinkStateTable t(3);
   EXPECT_FALSE(t.complete());

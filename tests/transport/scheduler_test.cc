@@ -61,6 +61,32 @@ TEST(SchedulerTest, WaitsForAFullBestPathInsteadOfUsingAMuchSlowerOne) {
   EXPECT_FALSE(c->hasRoom);
 }
 
+// A job's first message: neither rate is measured yet. A cold path takes its cold window and
+// no more; the chunks after that go to the other path instead of waiting behind it, even
+// though its guessed rate still makes it look fastest.
+TEST(SchedulerTest, AColdPathTakesItsWindowAndTheRestGoesElsewhere) {
+  constexpr std::uint64_t kChunk = 1 << 19, kCold = 1 << 20;
+  std::vector<PathLoad> loads{path(1e9, 0, kCold), path(2e7, 0, 16 << 20)};
+  loads[0].cold = true;
+  auto n = distribute(loads, 20, kChunk);
+  EXPECT_EQ(n[0], 2) << "the cold path holds its window, two chunks";
+  EXPECT_EQ(n[1], 18);
+  // Both cold and full: wait (for the first acknowledgement), on the lower index.
+  loads[1].cold = true;
+  loads[1].windowBytes = kCold;
+  loads[0].queuedBytes = loads[1].queuedBytes = kCold;
+  auto c = pickPath(loads, kChunk);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->path, 0u);
+  EXPECT_FALSE(c->hasRoom);
+  // A full path that is not cold is still waited for when it finishes first.
+  loads[0].cold = false;
+  c = pickPath(loads, kChunk);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->path, 0u);
+  EXPECT_FALSE(c->hasRoom);
+}
+
 TEST(SchedulerTest, LatencyAndWeightShiftTheChoice) {
   std::vector<PathLoad> loads{path(1e9), path(1e9)};
   loads[0].latencySec = 0.01;
@@ -138,6 +164,17 @@ TEST(RateEstimatorTest, FollowsASlowdown) {
   flight(r, 20, 1'000'000, [](int i) { return 1'000'000LL + 100'000 * i; },
          [](int i) { return 1'000'000LL + 100'000 * i + 120'000; });
   EXPECT_NEAR(r.bytesPerSec(), 1e7, 1e6);
+}
+
+TEST(RateEstimatorTest, CountsAcknowledgedBytesWithOrWithoutASample) {
+  RateEstimator r(1e9, 5000);
+  EXPECT_EQ(r.deliveredBytes(), 0u);
+  auto stamp = r.onSent(0, true);
+  r.onAcked(4096, stamp, 100);  // too small and too quick for a rate sample
+  EXPECT_EQ(r.deliveredBytes(), 4096u);
+  EXPECT_FALSE(r.measured());
+  r.reset(5e7);
+  EXPECT_EQ(r.deliveredBytes(), 4096u) << "a reset keeps what the path has shown";
 }
 
 TEST(RateEstimatorTest, ResetStartsFromTheGivenRate) {

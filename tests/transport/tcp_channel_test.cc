@@ -6,7 +6,10 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "core/metrics.h"
 #include "transport/tcp/tcp_device.h"
@@ -161,15 +164,21 @@ TEST(TcpChannelTest, RoutingWeightsShiftChunksBetweenPaths) {
   auto shares = sentShares(p.ab, stats);
   EXPECT_LT(shares[1], 0.2) << "the down-weighted path still took " << shares[1];
   // Back to neutral: both paths carry again. A raised path restarts from an eighth of the
-  // best path's rate and earns the rest as its chunks are measured, so look at the message
-  // after the first.
+  // best path's rate and earns the rest as its chunks are measured, so it gets a few messages
+  // (loopback rates on a loaded 2-core host swing twofold from one message to the next); at
+  // weight 0.002 it would carry about 0.2% of each.
   const double neutral[] = {1.0, 1.0};
   p.ab->setPathWeights(neutral);
-  sendRecv(p, 32 << 20, 3);
-  stats = p.ab->pathStats();
-  sendRecv(p, 32 << 20, 4);
-  shares = sentShares(p.ab, stats);
-  EXPECT_GT(shares[1], 0.2);
+  std::string seen;
+  bool carries = false;
+  for (std::uint64_t tag = 3; tag < 9 && !carries; ++tag) {
+    stats = p.ab->pathStats();
+    sendRecv(p, 32 << 20, tag);
+    shares = sentShares(p.ab, stats);
+    seen += fmt::format(" {:.3f}", shares[1]);
+    carries = shares[1] > 0.2;
+  }
+  EXPECT_TRUE(carries) << "after the weights went back to neutral, path 1's share of each message:" << seen;
 }
 
 // The kernel's own figures for each path (TCP_INFO), read about once a second.

@@ -361,12 +361,15 @@ void MultipathChannel::schedule(std::int64_t nowUs) {
     const PathState& p = *paths_[i];
     // Static striping sees every path alike; adaptive scheduling, the measured rate and
     // routing's weight.
+    const bool cold =
+        config_.adaptive && !p.rate.measured() && p.rate.deliveredBytes() < config_.coldWindowBytes;
     loads[i] = PathLoad{p.alive.load(std::memory_order_relaxed) && !p.stalled.load(std::memory_order_relaxed),
                         p.unackedBytes,
-                        config_.pathWindowBytes,
+                        cold ? config_.coldWindowBytes : config_.pathWindowBytes,
                         config_.adaptive ? p.rate.bytesPerSec() : kStaticRateBytesPerSec,
                         0.0,
-                        config_.adaptive ? p.weight.load(std::memory_order_relaxed) : 1.0};
+                        config_.adaptive ? p.weight.load(std::memory_order_relaxed) : 1.0,
+                        cold};
     anyUsable = anyUsable || loads[i].usable;
   }
   if (!anyUsable) {

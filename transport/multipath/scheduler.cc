@@ -8,16 +8,23 @@ namespace meridian::transport {
 
 std::optional<PathChoice> pickPath(std::span<const PathLoad> paths, std::uint64_t chunkBytes) {
   std::optional<PathChoice> best;
+  std::optional<std::size_t> fullCold;
   double bestFinish = std::numeric_limits<double>::infinity();
   for (std::size_t i = 0; i < paths.size(); ++i) {
     const PathLoad& p = paths[i];
     if (!p.usable || p.rateBytesPerSec <= 0 || p.weight <= 0) continue;
+    const bool room = p.queuedBytes + chunkBytes <= p.windowBytes || p.queuedBytes == 0;
+    if (p.cold && !room) {
+      if (!fullCold) fullCold = i;
+      continue;
+    }
     double finish = static_cast<double>(p.queuedBytes + chunkBytes) / (p.rateBytesPerSec * p.weight) + p.latencySec;
     if (finish < bestFinish) {
       bestFinish = finish;
-      best = PathChoice{i, p.queuedBytes + chunkBytes <= p.windowBytes || p.queuedBytes == 0};
+      best = PathChoice{i, room};
     }
   }
+  if (!best && fullCold) return PathChoice{*fullCold, false};
   return best;
 }
 

@@ -16,6 +16,11 @@ struct PathLoad {
   double rateBytesPerSec = 0;         // measured delivery rate (> 0)
   double latencySec = 0;              // one-way delay estimate (0 when unknown)
   double weight = 1.0;                // routing preference (> 0; larger takes more)
+  // The path's rate is still a guess (no sample, and less than a cold window acknowledged:
+  // a path that moves that much too fast to sample is not slow): it holds at most
+  // windowBytes (the caller's cold window), and when that is full the chunk goes to the next
+  // best path instead of waiting for it.
+  bool cold = false;
 };
 
 struct PathChoice {
@@ -24,7 +29,8 @@ struct PathChoice {
 };
 
 // The usable path with the earliest expected finish of a `chunkBytes` chunk,
-// (queuedBytes + chunkBytes) / (rate * weight) + latency; ties go to the lower index.
+// (queuedBytes + chunkBytes) / (rate * weight) + latency; ties go to the lower index. A cold
+// path without room is passed over (hasRoom false on it only when no other path is left).
 // nullopt when no path is usable.
 std::optional<PathChoice> pickPath(std::span<const PathLoad> paths, std::uint64_t chunkBytes);
 
@@ -71,6 +77,8 @@ class RateEstimator {
   }
   double bytesPerSec() const { return rate_; }
   bool measured() const { return samples_ > 0; }
+  // Bytes acknowledged on the path so far.
+  std::uint64_t deliveredBytes() const { return delivered_; }
 
  private:
   double rate_;

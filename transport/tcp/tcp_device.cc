@@ -280,6 +280,7 @@ MultipathConfig TcpDevice::Impl::channelConfig() const {
   c.pathStallUs = static_cast<std::int64_t>(options.pathStallMs) * 1000;
   c.maxUnexpectedBytes = maxUnexpectedBytes;
   c.pathWindowBytes = std::max<std::uint64_t>(16u << 20, 4ull * options.chunkBytes);
+  c.coldWindowBytes = std::max<std::uint64_t>(1u << 20, 2ull * options.chunkBytes);
   c.deviceName = options.name;
   c.adaptive = options.adaptive;
   return c;
