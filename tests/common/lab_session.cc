@@ -5,10 +5,23 @@
 #include <cstdio>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "lab/netns.h"
 
 namespace meridian::testing {
+
+EmulatorLateness emulatorLateness(const std::string& labName) {
+  auto r = runShell(labCommand(labName, "status --json"));
+  auto j = nlohmann::json::parse(r.output, nullptr, false);
+  if (r.code != 0 || j.is_discarded() || !j.contains("emulator")) return {};
+  return {j["emulator"].value("late_sum_us", 0.0), j["emulator"].value("packets_out", 0.0)};
+}
+
+double meanLateMs(const EmulatorLateness& before, const EmulatorLateness& after) {
+  const double packets = after.packets - before.packets;
+  return packets > 0 ? (after.sumUs - before.sumUs) / packets / 1000 : 0;
+}
 
 CommandResult runShell(const std::string& command) {
   CommandResult r;

@@ -21,6 +21,17 @@ std::string labCommand(const std::string& name, const std::string& args);
 // The reason the lab cannot run here (not root, no /dev/net/tun), or empty.
 std::string labUnavailableReason();
 
+// The emulator's own error so far, from `status --json`: the sum of how late its packets
+// left and how many left (zeros when the status cannot be read). The difference of two
+// readings gives the mean lateness per packet in between: the lab's error bar there.
+struct EmulatorLateness {
+  double sumUs = 0;
+  double packets = 0;
+};
+EmulatorLateness emulatorLateness(const std::string& labName);
+// Mean lateness per packet in ms between two readings (0 when no packet left).
+double meanLateMs(const EmulatorLateness& before, const EmulatorLateness& after);
+
 // Brings a lab up from `topologyFile` (extra `up` arguments allowed) and takes it down on
 // destruction; `up()` reports failure with the tool's output.
 class LabSession {

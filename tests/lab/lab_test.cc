@@ -149,21 +149,27 @@ void expectRtt(double measuredMs, double configuredMs, const std::string& what) 
   EXPECT_NEAR(measuredMs, configuredMs, rttAllowanceMs(configuredMs)) << what;
 }
 
-// The promise for a link that is not changing: the median of `count` echoes, measured again
-// (up to three rounds) when a round misses. A shared CI host that stops this process, the
-// echo thread or the emulator for tens of milliseconds (seen: 1 ms sleeps returning after
-// 12-62 ms) moves a whole round's median; the emulator's own error does not come and go.
-void expectSteadyRtt(Echo& echo, int count, double configuredMs, const std::string& what) {
+// The promise for a link that is not changing: the median of `count` echoes within 5% +
+// 0.2 ms, plus twice (a round trip is two emulated packets) the mean lateness the emulator
+// itself reports for the packets of that round: on a slow virtual machine its timers fire
+// 100 us late on average where other hosts manage 25 us, and that is the lab telling its
+// error bar, not a wrong delay. A round that misses is measured again (up to three), since a
+// shared CI host that stops this process or the echo thread for tens of milliseconds moves a
+// whole round's median (1 ms sleeps seen returning after 12-62 ms).
+// `extraMs` widens the allowance (planes with jitter).
+void expectSteadyRtt(Echo& echo, int count, double configuredMs, const std::string& what, double extraMs = 0) {
   std::string rounds;
   for (int round = 0; round < 3; ++round) {
+    const auto before = meridian::testing::emulatorLateness(kLab);
     auto rtts = echo.measure(count);
+    const double lateMs = meridian::testing::meanLateMs(before, meridian::testing::emulatorLateness(kLab));
     ASSERT_GE(rtts.size(), static_cast<std::size_t>(count - 1)) << what << ": echoes lost on a lossless link";
+    const double allowed = rttAllowanceMs(configuredMs) + extraMs + 2 * lateMs;
     const double m = median(rtts);
-    if (std::abs(m - configuredMs) <= rttAllowanceMs(configuredMs)) return;
-    rounds += fmt::format(" {:.2f}", m);
+    if (std::abs(m - configuredMs) <= allowed) return;
+    rounds += fmt::format(" {:.2f} (+-{:.2f} with the emulator {:.0f} us late per packet)", m, allowed, lateMs * 1000);
   }
-  ADD_FAILURE() << what << ": configured " << configuredMs << " ms (allowed +-" << rttAllowanceMs(configuredMs)
-                << "), three rounds' medians:" << rounds << " ms";
+  ADD_FAILURE() << what << ": configured " << configuredMs << " ms; three rounds' medians:" << rounds;
 }
 
 TEST_F(LabFixture, RoundTripsMatchTheTopologyOnEveryPlane) {
@@ -402,10 +408,8 @@ TEST_F(LabFixture, TheShippedThreeRegionWorldComesUpWithItsRoundTrips) {
         (t.link(p, t.nodes[london].region, t.nodes[singapore].region).delayUs +
          t.link(p, t.nodes[singapore].region, t.nodes[london].region).delayUs) * 0.1 / 1000;
     Echo echo(s.value(), london, singapore, t.address(p, london), t.address(p, singapore));
-    auto rtts = echo.measure(10);
-    ASSERT_GE(rtts.size(), 9u);
     // The shipped planes have jitter: compare the median with a little more room.
-    EXPECT_NEAR(median(rtts), configured, configured * 0.05 + 0.5) << t.planes[p].name;
+    expectSteadyRtt(echo, 10, configured, t.planes[p].name, 0.3);
   }
 }
 
