@@ -39,10 +39,12 @@ struct MultipathConfig {
   std::uint64_t eagerMaxBytes = 64 * 1024;        // sends up to this size are copied (eager)
   std::uint64_t eagerBudgetBytes = 16u << 20;     // eager copies not yet acknowledged, at most
   std::uint64_t pathWindowBytes = 16u << 20;      // unacknowledged bytes per path
-  // ... on a path nothing has been acknowledged on yet (adaptive scheduling). Every rate
-  // starts as a guess; without this, the first message of a job is split evenly across a
-  // fast and a congested plane and waits for the congested one's share (an 8 Mbit/s plane
-  // next to a 40 Mbit/s one took a 16 MiB allreduce from about 3 to 7-10 s in the lab).
+  // ... on a path whose rate is still a guess: no rate sample yet and less than this much
+  // acknowledged (adaptive scheduling; see PathLoad::cold). Every rate starts as the same
+  // guess; without this, a job's first messages were split evenly across a fast and a
+  // congested plane and waited for the congested one's half (three lab regions starting into
+  // an 8 Mbit/s plane next to 40 Mbit/s ones: the first 16 MiB allreduce took 10.3 s without
+  // it and 4.1 s with it; later ones 2.5-3 s).
   std::uint64_t coldWindowBytes = 1u << 20;
   std::int64_t pathStallUs = 3'000'000;
   std::uint64_t maxUnexpectedBytes = 1ull << 30;
