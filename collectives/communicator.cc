@@ -294,11 +294,17 @@ Status Communicator::startRouting(Store& store, const std::string& base, const C
     po.name = metricsName_;
     // The channels outlive the monitor (it is reset first on abort), so it may use them.
     std::vector<transport::ChannelPtr> channels = channels_;
-    MERIDIAN_ASSIGN_OR_RETURN(monitor_, routing::PathMonitor::create(po, adaptive_,
-                                                                    [channels](int peer, const std::vector<double>& w) {
-                                                                      const auto& ch = channels[static_cast<std::size_t>(peer)];
-                                                                      if (ch) ch->setPathWeights(w);
-                                                                    }));
+    auto channelOf = [channels](int peer) -> const transport::ChannelPtr& {
+      return channels[static_cast<std::size_t>(peer)];
+    };
+    auto apply = [channelOf](int peer, const std::vector<double>& w) {
+      if (const auto& ch = channelOf(peer)) ch->setPathWeights(w);
+    };
+    auto readPaths = [channelOf](int peer) {
+      const auto& ch = channelOf(peer);
+      return ch ? ch->pathStats() : std::vector<transport::PathStats>{};
+    };
+    MERIDIAN_ASSIGN_OR_RETURN(monitor_, routing::PathMonitor::create(po, adaptive_, apply, readPaths));
     endpoints = monitor_->endpoints();
   }
   nlohmann::json mine{{"region", region}, {"probe", endpoints}};

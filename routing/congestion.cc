@@ -25,6 +25,15 @@ void appendReason(std::string& out, const std::string& part) {
 
 }  // namespace
 
+double busyDeliveryRate(const transport::PathStats& now, std::uint64_t bytesSentBefore, std::int64_t dtUs) {
+  if (!now.alive || !(now.rateBytesPerSec > 0) || now.weight < 1.0 || dtUs <= 0 || now.bytesSent < bytesSentBefore) {
+    return 0;
+  }
+  const double sent = static_cast<double>(now.bytesSent - bytesSentBefore);
+  const double carries = now.rateBytesPerSec * static_cast<double>(dtUs) / 1e6;
+  return sent >= 0.5 * carries ? now.rateBytesPerSec : 0;
+}
+
 CongestionDetector::CongestionDetector(CongestionConfig config) : config_(config) {
   // A run shorter than one sample means nothing; treat it as the most eager setting.
   config_.enterSamples = std::max(config_.enterSamples, 1);
@@ -81,6 +90,8 @@ bool CongestionDetector::update(const CongestionSample& sample) {
     state_ = CongestionState::kClear;
     reason_ = fmt::format("clear: queueing {:.1f} ms, loss {:.1f}%", queueing / 1e3, f.loss * 100);
     if (rate > 0) reason_ += fmt::format(", delivery rate {}", formatRate(rate));
+    peakBytesPerSec_ = rate;  // the new normal (CongestionConfig::rateCollapse)
+    peakAtUs_ = sample.nowUs;
   }
   return true;
 }

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "routing/estimators.h"
+#include "transport/channel.h"
 
 namespace meridian::routing {
 
@@ -23,6 +24,9 @@ struct CongestionConfig {
   double enterLoss = 0.02, exitLoss = 0.005;
   // Delivery rate below this fraction of its recent peak (only when the sample gives a rate).
   // Exit uses the same mark; hysteresis comes from exitSamples and from the slowly decaying peak.
+  // When the path is judged clear again the peak starts over from the rate it cleared with:
+  // the rate a path comes back with is its new normal, so a path that recovered from a queue
+  // at half its old rate is not sent straight back by the rate it already had when it cleared.
   double rateCollapse = 0.5;
   // The peak rate halves every this many microseconds without being matched, so a peak from a
   // quiet period long ago does not keep a path congested forever: a rate stuck at 20% of an
@@ -42,6 +46,13 @@ struct CongestionSample {
   // An idle or application-limited path would look collapsed, so give no rate for those.
   double deliveryBytesPerSec = 0;
 };
+
+// The delivery rate to judge a path on, from its channel's figures now and the bytes it had
+// sent `dtUs` earlier, or 0 (unknown, not judged) when the rate would say nothing about the
+// path: dead, rate not yet measured, held below a neutral weight by routing (it is sent less
+// than it could carry, so its rate is the sender's, not the path's), or it sent less than
+// half of what its rate carries in the interval (idle or application-limited).
+double busyDeliveryRate(const transport::PathStats& now, std::uint64_t bytesSentBefore, std::int64_t dtUs);
 
 // Feeds on one sample at a time. A sample "signals congestion" when any trigger is over its
 // entry mark and "signals clear" when every measure is under its exit mark; a sample in

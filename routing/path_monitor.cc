@@ -32,6 +32,9 @@ std::vector<double> weightsFor(const std::vector<CongestionState>& states) {
 struct PathMonitor::Impl {
   struct Tracked {
     CongestionDetector detector;
+    std::uint64_t bytesSent = 0;  // the channel's count for the path at the last round
+    std::int64_t readAtUs = 0;    // when that count was read (0: never)
+    double judgedBytesPerSec = 0;  // the last busy round's rate (PathView)
     Gauge* congested = nullptr;
     Gauge* weight = nullptr;
   };
@@ -39,6 +42,7 @@ struct PathMonitor::Impl {
   std::string proberName;  // labels this monitor's series apart from other communicators'
   bool adaptive = true;
   ApplyWeights apply;
+  ReadPaths readPaths;
   CongestionConfig config;
   std::chrono::milliseconds interval{100};
   mutable std::mutex mu;
@@ -54,9 +58,16 @@ struct PathMonitor::Impl {
     const std::int64_t now = nowUs();
     std::map<int, std::vector<CongestionState>> states;
     std::vector<std::pair<int, std::vector<double>>> changed;
+    const std::vector<ProbeRow> rows = prober->snapshot();
+    std::map<int, std::vector<transport::PathStats>> channelPaths;  // read outside the lock: the channel takes its own
+    if (readPaths) {
+      for (const auto& row : rows) {
+        if (!channelPaths.contains(row.peer)) channelPaths[row.peer] = readPaths(row.peer);
+      }
+    }
     {
       std::lock_guard<std::mutex> lock(mu);
-      for (const auto& row : prober->snapshot()) {
+      for (const auto& row : rows) {
         auto [it, fresh] = tracked.try_emplace({row.peer, row.path}, Tracked{CongestionDetector(config)});
         Tracked& t = it->second;
         if (fresh) {
@@ -68,7 +79,16 @@ struct PathMonitor::Impl {
                                                       "Multipath weight routing gives a path (1 = neutral)", labels);
           t.weight->set(1);
         }
-        if (row.figures.sent > 0 && t.detector.update(CongestionSample{now, row.figures, 0})) {
+        double rate = 0;
+        const auto& cp = channelPaths[row.peer];
+        if (row.path >= 0 && static_cast<std::size_t>(row.path) < cp.size()) {
+          const transport::PathStats& ps = cp[static_cast<std::size_t>(row.path)];
+          if (t.readAtUs > 0) rate = busyDeliveryRate(ps, t.bytesSent, now - t.readAtUs);
+          if (rate > 0) t.judgedBytesPerSec = rate;
+          t.bytesSent = ps.bytesSent;
+          t.readAtUs = now;
+        }
+        if (row.figures.sent > 0 && t.detector.update(CongestionSample{now, row.figures, rate})) {
           const bool congested = t.detector.state() == CongestionState::kCongested;
           t.congested->set(congested ? 1 : 0);
           transitions->add();
@@ -109,13 +129,14 @@ struct PathMonitor::Impl {
 PathMonitor::PathMonitor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Result<std::unique_ptr<PathMonitor>> PathMonitor::create(ProberOptions probe, bool adaptive, ApplyWeights apply,
-                                                         CongestionConfig congestion) {
+                                                         ReadPaths readPaths, CongestionConfig congestion) {
   auto impl = std::make_unique<Impl>();
   impl->interval = probe.interval;
   impl->proberName = probe.name;
   MERIDIAN_ASSIGN_OR_RETURN(impl->prober, Prober::create(std::move(probe)));
   impl->adaptive = adaptive;
   impl->apply = apply ? std::move(apply) : [](int, const std::vector<double>&) {};
+  impl->readPaths = std::move(readPaths);
   impl->config = congestion;
   impl->transitions = &MetricsRegistry::global().counter("meridian_routing_congestion_changes_total",
                                                          "Times a path became congested or clear again");
@@ -146,11 +167,12 @@ std::vector<PathView> PathMonitor::paths() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   std::vector<PathView> out;
   for (const auto& row : rows) {
-    PathView v{row.peer, row.path, row.figures, CongestionState::kClear, {}, 1.0};
+    PathView v{row.peer, row.path, row.figures, CongestionState::kClear, {}, 1.0, 0};
     auto it = impl_->tracked.find({row.peer, row.path});
     if (it != impl_->tracked.end()) {
       v.state = it->second.detector.state();
       v.reason = it->second.detector.reason();
+      v.judgedBytesPerSec = it->second.judgedBytesPerSec;
     }
     auto w = impl_->applied.find(row.peer);
     if (w != impl_->applied.end() && static_cast<std::size_t>(row.path) < w->second.size()) {

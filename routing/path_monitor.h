@@ -27,6 +27,9 @@ struct PathView {
   CongestionState state = CongestionState::kClear;
   std::string reason;
   double weight = 1.0;
+  // The channel's delivery rate as last judged (a round in which the path was busy; see
+  // busyDeliveryRate); 0 until one was.
+  double judgedBytesPerSec = 0;
 };
 
 struct PathEvent {
@@ -46,10 +49,15 @@ std::vector<double> weightsFor(const std::vector<CongestionState>& states);
 class PathMonitor {
  public:
   using ApplyWeights = std::function<void(int peer, const std::vector<double>& weights)>;
+  // The data channel's figures for a peer's paths (index i = probe path i); empty when there
+  // is no channel. Their delivery rates feed the detectors' rate-collapse trigger, on rounds
+  // in which the path was busy (busyDeliveryRate).
+  using ReadPaths = std::function<std::vector<transport::PathStats>(int peer)>;
 
-  // `apply` is called from the monitor's thread whenever a peer's weights change.
+  // `apply` is called from the monitor's thread whenever a peer's weights change; `readPaths`
+  // (may be empty: then no rate is judged) from the same thread once per round and peer.
   static Result<std::unique_ptr<PathMonitor>> create(ProberOptions probe, bool adaptive, ApplyWeights apply,
-                                                     CongestionConfig congestion = {});
+                                                     ReadPaths readPaths = {}, CongestionConfig congestion = {});
   ~PathMonitor();
   PathMonitor(const PathMonitor&) = delete;
   PathMonitor& operator=(const PathMonitor&) = delete;

@@ -25,17 +25,21 @@ std::optional<std::vector<double>> TcpPathJudge::update(std::int64_t nowUs,
       const bool fresh = !t.seen || p.tcpSegmentsSent < t.segments || p.tcpRetransmits < t.retransmits;
       const std::uint64_t sent = fresh ? 0 : p.tcpSegmentsSent - t.segments;
       const std::uint64_t resent = fresh ? 0 : p.tcpRetransmits - t.retransmits;
+      const bool judged = !fresh && sent > 0;
+      const double rate = judged ? busyDeliveryRate(p, t.bytesSent, nowUs - t.judgedAtUs) : 0;
       if (fresh || sent > 0) {
         t.seen = true;
         t.segments = p.tcpSegmentsSent;
         t.retransmits = p.tcpRetransmits;
+        t.bytesSent = p.bytesSent;
+        t.judgedAtUs = nowUs;
       }
-      if (!fresh && sent > 0) {
-        // Loss only: figures without an echo (valid false) are not judged on queueing.
+      if (judged) {
+        // Loss and rate: figures without an echo (valid false) are not judged on queueing.
         PathFigures f;
         f.loss = std::min(1.0, static_cast<double>(resent) / static_cast<double>(sent));
         f.sent = t.segments;
-        if (t.detector.update(CongestionSample{nowUs, f, 0})) changed_.push_back(i);
+        if (t.detector.update(CongestionSample{nowUs, f, rate})) changed_.push_back(i);
         ++verdicts_[i].samples;
       }
     }

@@ -2,7 +2,9 @@
 // NCCL plugin's connections, whose peers publish no probe endpoints), from the kernel's own
 // figures of the channel's TCP streams (PathStats' TCP_INFO fields, read by the device about
 // once a second): the segments retransmitted over those sent between two readings are the
-// loss. The same CongestionDetector (hysteresis) and weightsFor as probed paths.
+// loss; the channel's delivery rate on readings in which the path was busy (busyDeliveryRate)
+// feeds the rate-collapse trigger. The same CongestionDetector (hysteresis) and weightsFor as
+// probed paths.
 //
 // Queueing is not judged here (the figures carry no RTT): a bulk transfer fills its bottleneck's queue
 // by itself, so the kernel's RTT of the streams shows the transfer's own queue, which says
@@ -52,6 +54,8 @@ class TcpPathJudge {
     CongestionDetector detector;
     bool seen = false;
     std::uint64_t segments = 0, retransmits = 0;
+    std::uint64_t bytesSent = 0;  // the channel's count at the last judged reading
+    std::int64_t judgedAtUs = 0;
   };
   CongestionConfig config_;
   std::vector<Track> tracks_;

@@ -413,6 +413,39 @@ TEST_F(CollectivesTest, ProbesEveryPathToEveryPeerAndKnowsTheRegions) {
             "");
 }
 
+// The path monitor judges the data channel's delivery rate on rounds in which a path was busy:
+// bulk allreduces make every path to a ring neighbour busy, and their rates reach the detectors.
+TEST_F(CollectivesTest, TheMonitorJudgesTheChannelsDeliveryRateWhileAPathIsBusy) {
+  CommOptions opts;
+  opts.localAddresses = {"127.0.0.1", "127.0.0.2"};
+  opts.probeInterval = std::chrono::milliseconds(10);
+  opts.timeout = std::chrono::seconds(60);
+  auto h = RankHarness::start(2, opts);
+  ASSERT_TRUE(h.isOk()) << h.status().toString();
+  EXPECT_EQ(RankHarness::summarize(h.value()->run([](int, collectives::Communicator& c) -> std::string {
+              std::vector<float> buf(std::size_t{8} << 20, 1.0f);  // 32 MiB
+              // Both ranks stop on the same op: when both have judged a rate (or after 40).
+              for (int op = 0; op < 40; ++op) {
+                Status st = c.allreduce(buf.data(), buf.data(), buf.size(), DataType::kF32, ReduceOp::kSum);
+                if (!st.isOk()) return "allreduce: " + st.toString();
+                std::int32_t pending = 1;
+                for (const auto& p : c.paths()) pending = p.judgedBytesPerSec > 0 ? 0 : pending;
+                st = c.allreduce(&pending, &pending, 1, DataType::kI32, ReduceOp::kSum);
+                if (!st.isOk()) return "allreduce of the flags: " + st.toString();
+                if (pending == 0) return std::string();
+              }
+              std::string seen;
+              for (const auto& p : c.paths()) {
+                seen += fmt::format(" path {}: judged {:.0f} B/s;", p.path, p.judgedBytesPerSec);
+              }
+              for (const auto& s : c.peerPathStats(1 - c.rank())) {
+                seen += fmt::format(" channel {} B sent at {:.0f} B/s;", s.bytesSent, s.rateBytesPerSec);
+              }
+              return "no busy path's rate judged after 40 allreduces of 32 MiB:" + seen;
+            })),
+            "");
+}
+
 TEST(HierarchyTest, GroupsRanksByRegionWhenTheRegionsAllowIt) {
   auto h = collectives::hierarchyFromRegions({"eu", "us", "eu", "us"});
   ASSERT_TRUE(h.has_value());

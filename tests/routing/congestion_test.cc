@@ -189,6 +189,55 @@ TEST(CongestionDetectorTest, RateCollapseEntersAndTheDecayingPeakLetsItGo) {
   EXPECT_EQ(d.reason(), "clear: queueing 0.5 ms, loss 0.0%, delivery rate 12 MB/s");
 }
 
+TEST(CongestionDetectorTest, APathThatClearsStartsItsPeakOverFromTheRateItClearedWith) {
+  // Queueing put the path in; the queue went, but the path came back at a third of its old
+  // rate. That rate is its new normal: judging it against the old peak would send the path
+  // straight back (and a path held at a small weight while congested is fed no rate at all).
+  CongestionDetector d;
+  std::int64_t t = 0;
+  for (int i = 0; i < 3; ++i) d.update(at(t += 100 * kMs, figs(30, 0.5), 60e6));
+  for (int i = 0; i < 3; ++i) d.update(at(t += 100 * kMs, figs(30, 40)));
+  ASSERT_EQ(d.state(), CongestionState::kCongested);
+  // Held back while congested, the path gives no rate; its probes clear it.
+  for (int i = 0; i < 9; ++i) EXPECT_FALSE(d.update(at(t += 100 * kMs, figs(30, 0.5))));
+  EXPECT_TRUE(d.update(at(t += 100 * kMs, figs(30, 0.5))));
+  EXPECT_EQ(d.state(), CongestionState::kClear);
+  EXPECT_EQ(d.peakBytesPerSec(), 0) << "the old peak is gone";
+  for (int i = 0; i < 20; ++i) EXPECT_FALSE(d.update(at(t += 100 * kMs, figs(30, 0.5), 20e6))) << i;
+  EXPECT_DOUBLE_EQ(d.peakBytesPerSec(), 20e6);
+  // A collapse from the new normal is one again.
+  for (int i = 0; i < 2; ++i) EXPECT_FALSE(d.update(at(t += 100 * kMs, figs(30, 0.5), 6e6)));
+  EXPECT_TRUE(d.update(at(t += 100 * kMs, figs(30, 0.5), 6e6)));
+  EXPECT_EQ(d.reason(), "delivery rate 6.0 MB/s, 30% of its 20 MB/s peak");
+}
+
+transport::PathStats busyPath(double rate, std::uint64_t bytesSent, double weight = 1.0) {
+  transport::PathStats p;
+  p.alive = true;
+  p.rateBytesPerSec = rate;
+  p.bytesSent = bytesSent;
+  p.weight = weight;
+  return p;
+}
+
+TEST(BusyDeliveryRateTest, OnlyAPathSentAtLeastHalfItsRateIsJudged) {
+  // 10 MB/s over 100 ms carries 1 MB: sending half of that or more is busy.
+  EXPECT_DOUBLE_EQ(busyDeliveryRate(busyPath(10e6, 5'000'000 + 600'000), 5'000'000, 100 * kMs), 10e6);
+  EXPECT_DOUBLE_EQ(busyDeliveryRate(busyPath(10e6, 5'000'000 + 500'000), 5'000'000, 100 * kMs), 10e6);
+  EXPECT_EQ(busyDeliveryRate(busyPath(10e6, 5'000'000 + 400'000), 5'000'000, 100 * kMs), 0)
+      << "idle or application-limited for most of the interval";
+  EXPECT_EQ(busyDeliveryRate(busyPath(10e6, 9'000'000, 0.1), 5'000'000, 100 * kMs), 0)
+      << "routing holds it back: the rate is the sender's";
+  EXPECT_EQ(busyDeliveryRate(busyPath(0, 9'000'000), 5'000'000, 100 * kMs), 0) << "not measured yet";
+  auto dead = busyPath(10e6, 9'000'000);
+  dead.alive = false;
+  EXPECT_EQ(busyDeliveryRate(dead, 5'000'000, 100 * kMs), 0);
+  EXPECT_EQ(busyDeliveryRate(busyPath(10e6, 4'000'000), 5'000'000, 100 * kMs), 0) << "a count that went down";
+  EXPECT_EQ(busyDeliveryRate(busyPath(10e6, 9'000'000), 5'000'000, 0), 0) << "no interval";
+  EXPECT_DOUBLE_EQ(busyDeliveryRate(busyPath(10e6, 9'000'000, 2.0), 5'000'000, 100 * kMs), 10e6)
+      << "a raised path is sent all it can carry";
+}
+
 TEST(CongestionDetectorTest, ALongGonePeakIsForgotten) {
   CongestionDetector d;
   d.update(at(0, figs(30, 0.5), 60e6));

@@ -1,5 +1,6 @@
-// PathMonitor: weights from congestion states, and two monitors over loopback that see
-// each other's paths and hand out neutral weights while nothing is congested.
+// PathMonitor: weights from congestion states, two monitors over loopback that see each
+// other's paths and hand out neutral weights while nothing is congested, and a data channel's
+// rate collapse moving traffic once.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -93,6 +94,58 @@ TEST(PathMonitorTest, ALostPeerMakesItsPathsCongestedWithEqualWeights) {
   auto events = a.value()->events();
   ASSERT_GE(events.size(), 2u);
   EXPECT_EQ(events.back().state, S::kCongested);
+}
+
+TEST(PathMonitorTest, AChannelRateCollapseMovesTrafficOnceAndTheRateItRecoversWithIsTheNewNormal) {
+  // The probes on loopback stay clear throughout; a stand-in for the data channel reports path
+  // 0 busy at 60 MB/s, then at 12 MB/s. Like a real channel it shows the weight last applied.
+  std::mutex mu;
+  std::vector<double> weights{1, 1};
+  std::atomic<bool> collapsed{false};
+  std::uint64_t sent = 0;
+  auto apply = [&](int, const std::vector<double>& w) {
+    std::lock_guard<std::mutex> lock(mu);
+    weights = w;
+  };
+  auto read = [&](int) {
+    std::lock_guard<std::mutex> lock(mu);
+    sent += 1'000'000'000;  // always more than either rate carries in a round: busy
+    std::vector<transport::PathStats> out(2);
+    for (std::size_t i = 0; i < 2; ++i) {
+      out[i].alive = true;
+      out[i].bytesSent = sent;
+      out[i].weight = weights[i];
+      out[i].rateBytesPerSec = i == 0 && collapsed ? 12e6 : 60e6;
+    }
+    return out;
+  };
+  auto a = PathMonitor::create(options(0), true, apply, read);
+  auto b = PathMonitor::create(options(1), false, nullptr);
+  ASSERT_TRUE(a.isOk() && b.isOk());
+  ASSERT_TRUE(a.value()->setPeer(1, b.value()->endpoints()).isOk());
+  ASSERT_TRUE(b.value()->setPeer(0, a.value()->endpoints()).isOk());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_TRUE(a.value()->events().empty()) << a.value()->events().front().reason;
+  collapsed = true;
+  std::vector<PathEvent> events;
+  for (int i = 0; i < 500 && events.size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    events = a.value()->events();
+    if (events.size() == 1) {
+      std::lock_guard<std::mutex> lock(mu);
+      EXPECT_EQ(weights, (std::vector<double>{kCongestedPathWeight, 1})) << "moved off while congested";
+    }
+  }
+  ASSERT_EQ(events.size(), 2u) << "congested, then clear once it is held back and its probes stay clean";
+  EXPECT_EQ(events[0].path, 0);
+  EXPECT_EQ(events[0].state, S::kCongested);
+  EXPECT_NE(events[0].reason.find("delivery rate 12 MB/s"), std::string::npos) << events[0].reason;
+  EXPECT_EQ(events[1].state, S::kClear);
+  // Back at full weight, still at 12 MB/s: the new normal, no flapping.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(a.value()->events().size(), 2u) << a.value()->events().back().reason;
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(weights, (std::vector<double>{1, 1}));
 }
 
 }  // namespace

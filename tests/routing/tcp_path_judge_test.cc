@@ -91,6 +91,39 @@ TEST(TcpPathJudgeTest, IdleReadingsAreNotJudged) {
   EXPECT_EQ(f.judge.verdicts()[1].samples, 10);
 }
 
+TEST(TcpPathJudgeTest, ABusyPathWhoseDeliveryRateCollapsesLosesItsWeight) {
+  // Two paths sending all a second's readings can carry; path 0's rate falls from 50 to
+  // 10 MB/s (a plane throttled without loss or queue the kernel's figures would show).
+  TcpPathJudge judge;
+  std::int64_t t = 0;
+  std::uint64_t seg = 0, sent0 = 0, sent1 = 0;
+  std::optional<std::vector<double>> w;
+  auto reading = [&](double rate0, std::uint64_t bytes0) {
+    seg += 1000;
+    sent0 += bytes0;
+    sent1 += 50'000'000;
+    auto p0 = path(81'000, 80'000, seg, 0);
+    p0.rateBytesPerSec = rate0;
+    p0.bytesSent = sent0;
+    auto p1 = path(81'000, 80'000, seg, 0);
+    p1.rateBytesPerSec = 50e6;
+    p1.bytesSent = sent1;
+    return judge.update(t += 1'000'000, {p0, p1});
+  };
+  for (int i = 0; i < 4; ++i) EXPECT_FALSE(reading(50e6, 50'000'000).has_value());
+  // Sending little at a low rate is the application's doing, not the path's: not judged.
+  for (int i = 0; i < 5; ++i) EXPECT_FALSE(reading(10e6, 1'000'000).has_value());
+  EXPECT_EQ(judge.verdicts()[0].state, CongestionState::kClear);
+  EXPECT_FALSE(reading(10e6, 10'000'000).has_value());
+  EXPECT_FALSE(reading(10e6, 10'000'000).has_value());
+  w = reading(10e6, 10'000'000);
+  ASSERT_TRUE(w.has_value());
+  EXPECT_EQ(*w, (std::vector<double>{kCongestedPathWeight, 1.0}));
+  // The peak has decayed a little over the readings that were not judged (30 s half-life).
+  EXPECT_EQ(judge.verdicts()[0].reason.rfind("delivery rate 10 MB/s, 24% of its 42 MB/s peak", 0), 0u)
+      << judge.verdicts()[0].reason;
+}
+
 TEST(TcpPathJudgeTest, TotalsThatFallStartANewBaseline) {
   TcpPathJudge judge;
   std::int64_t t = 0;
