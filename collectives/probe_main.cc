@@ -7,6 +7,12 @@
 //
 // Every rank probes every path to every peer (routing/prober.h); each report round the
 // ranks publish their rows through the bootstrap store and rank 0 prints them.
+//
+// With --rate-seconds S, after the last round every plane's bulk rate is measured too: per
+// plane a communicator on that plane alone (authenticated like any job's), and per ordered
+// pair of regions one node pair, alone on the network, streams for S seconds (the first node
+// of each region; inside a region its first two). The report gains per plane a `rate_mbps`
+// matrix, which the NCCL plugin reports as its devices' speed (MERIDIAN_NCCL_LINKS).
 #include <signal.h>
 #include <unistd.h>
 
@@ -15,6 +21,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <thread>
 
@@ -22,6 +29,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "collectives/communicator.h"
 #include "collectives/launch_env.h"
 #include "collectives/store.h"
 #include "core/knobs.h"
@@ -144,9 +152,143 @@ json buildReport(const std::vector<RankInfo>& ranks, const std::vector<json>& ro
   return report;
 }
 
+// ---------------------------------------------------------------- bulk rates
+
+// The node pairs the rate phase measures: for each ordered pair of regions (a, b), a's first
+// rank to b's first (inside a region: its first rank to its second, when it has two).
+struct RatePair {
+  std::size_t fromRegion = 0, toRegion = 0;
+  int sender = 0, receiver = 0;
+};
+
+std::vector<RatePair> ratePairs(const routing::RegionAssignment& regions) {
+  const std::size_t nr = regions.names.size();
+  std::vector<std::vector<int>> members(nr);
+  for (std::size_t r = 0; r < regions.regionOf.size(); ++r) {
+    members[static_cast<std::size_t>(regions.regionOf[r])].push_back(static_cast<int>(r));
+  }
+  std::vector<RatePair> out;
+  for (std::size_t a = 0; a < nr; ++a) {
+    for (std::size_t b = 0; b < nr; ++b) {
+      if (members[a].empty() || members[b].empty()) continue;
+      if (a == b && members[a].size() < 2) continue;
+      out.push_back({a, b, members[a][0], a == b ? members[a][1] : members[b][0]});
+    }
+  }
+  return out;
+}
+
+// Streams from `sender` to `receiver` for `seconds` (messages of kRateMessageBytes, eight in
+// flight; the first byte of the last one is 1) and returns, on the receiver, the rate it
+// received at in Mbit/s, from its first message's arrival to its last's; 0 on other ranks.
+constexpr std::size_t kRateMessageBytes = 128 << 10;
+constexpr std::size_t kRateWindow = 8;
+
+double streamRate(Communicator& comm, int sender, int receiver, double seconds, TimePoint deadline) {
+  using DT = Communicator::DataType;
+  const std::size_t count = kRateMessageBytes / 4;  // as f32: the data is not looked at
+  if (comm.rank() == sender) {
+    std::vector<std::vector<std::uint8_t>> bufs(kRateWindow, std::vector<std::uint8_t>(kRateMessageBytes, 0));
+    std::vector<Communicator::WorkPtr> inFlight(kRateWindow);
+    const auto start = std::chrono::steady_clock::now();
+    for (std::size_t i = 0;; ++i) {
+      auto& slot = inFlight[i % kRateWindow];
+      if (slot) {
+        Status st = slot->wait(deadline);
+        if (!st.isOk()) throw std::runtime_error("rate test send: " + st.toString());
+      }
+      const bool last = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >= seconds;
+      auto& buf = bufs[i % kRateWindow];
+      buf[0] = last ? 1 : 0;
+      slot = comm.sendAsync(buf.data(), count, DT::kF32, receiver, 1);
+      if (last) break;
+    }
+    for (auto& w : inFlight) {
+      if (!w) continue;
+      Status st = w->wait(deadline);
+      if (!st.isOk()) throw std::runtime_error("rate test send: " + st.toString());
+    }
+    return 0;
+  }
+  if (comm.rank() != receiver) return 0;
+  // One receive at a time: messages that arrive before theirs is posted wait in the channel.
+  std::vector<std::uint8_t> buf(kRateMessageBytes);
+  std::size_t received = 0;
+  std::chrono::steady_clock::time_point first, lastAt;
+  for (;;) {
+    Status st = comm.recv(buf.data(), count, DT::kF32, sender, 1);
+    if (!st.isOk()) throw std::runtime_error("rate test receive: " + st.toString());
+    lastAt = std::chrono::steady_clock::now();
+    if (received++ == 0) first = lastAt;
+    if (buf[0] == 1) break;
+  }
+  const double sec = std::chrono::duration<double>(lastAt - first).count();
+  if (received < 2 || sec <= 0) return -1;  // too little to time
+  return static_cast<double>((received - 1) * kRateMessageBytes) * 8 / sec / 1e6;
+}
+
+// Every rank calls this with the same arguments; returns, on rank 0, per plane the rate of
+// each pair (Mbit/s, -1 where it could not be timed), in ratePairs' order.
+std::vector<std::vector<double>> measureRates(Store& st, int rank, int world, const std::vector<std::string>& planes,
+                                              const std::vector<RatePair>& pairs, double seconds,
+                                              const std::string& secret, std::chrono::milliseconds timeout) {
+  std::vector<std::vector<double>> rates;
+  for (std::size_t p = 0; p < planes.size(); ++p) {
+    CommOptions o;
+    o.localAddresses = {planes[p]};
+    o.probe = false;
+    o.secret = secret;
+    o.timeout = timeout;
+    o.storePrefix = fmt::format("probe/rate/{}", p);
+    o.name = fmt::format("rate{}", p);
+    auto comm = Communicator::create(st, rank, world, o);
+    if (!comm.isOk()) throw std::runtime_error(fmt::format("plane {}: {}", p, comm.status().message()));
+    std::vector<double> mine;
+    for (const RatePair& pair : pairs) {
+      mine.push_back(streamRate(*comm.value(), pair.sender, pair.receiver, seconds, Clock::now() + timeout));
+      Status b = comm.value()->barrier();  // one pair at a time: nothing else on the network
+      if (!b.isOk()) throw std::runtime_error("rate test barrier: " + b.toString());
+    }
+    // Each pair's figure is on its receiver; a sum brings them to rank 0 (others add 0).
+    std::vector<double> sum = mine;
+    Status r = comm.value()->allreduce(mine.data(), sum.data(), mine.size(), Communicator::DataType::kF64,
+                                       Communicator::ReduceOp::kSum);
+    if (!r.isOk()) throw std::runtime_error("rate test gather: " + r.toString());
+    rates.push_back(std::move(sum));
+  }
+  return rates;
+}
+
+// Adds the measured rates to the report: per plane, rate_mbps[from region * n + to region].
+void addRates(json& report, const std::vector<RatePair>& pairs, const std::vector<std::vector<double>>& rates) {
+  const std::size_t nr = report["regions"].size();
+  for (auto& plane : report["planes"]) {
+    const std::size_t p = plane["index"];
+    json cells = json::array();
+    for (std::size_t c = 0; c < nr * nr; ++c) cells.push_back(nullptr);
+    for (std::size_t i = 0; p < rates.size() && i < pairs.size(); ++i) {
+      if (rates[p][i] > 0) cells[pairs[i].fromRegion * nr + pairs[i].toRegion] = rates[p][i];
+    }
+    plane["rate_mbps"] = cells;
+  }
+}
+
+// A region x region table: a header of region names, then one row per source region;
+// cell(from * n + to) gives each cell's text, `width` characters wide.
+void printMatrix(const json& names, int width, const std::function<std::string(std::size_t)>& cell) {
+  const std::size_t nr = names.size();
+  std::printf("  %-12s", "from \\ to");
+  for (const auto& n : names) std::printf(" %-*s", width, n.get<std::string>().c_str());
+  std::printf("\n");
+  for (std::size_t s = 0; s < nr; ++s) {
+    std::printf("  %-12s", names[s].get<std::string>().c_str());
+    for (std::size_t d = 0; d < nr; ++d) std::printf(" %-*s", width, cell(s * nr + d).c_str());
+    std::printf("\n");
+  }
+}
+
 void printReport(const json& report, const std::vector<RankInfo>& ranks, double elapsedSec) {
   const auto& names = report["regions"];
-  const std::size_t nr = names.size();
   std::printf("\n== t=%.1fs: %zu ranks, regions %s ==\n", elapsedSec, ranks.size(),
               report.value("regions_inferred", false) ? "(inferred from round trips)" : "(MERIDIAN_REGION)");
   for (const auto& plane : report["planes"]) {
@@ -154,23 +296,22 @@ void printReport(const json& report, const std::vector<RankInfo>& ranks, double 
     std::string example = p < ranks[0].addresses.size() ? ranks[0].addresses[p] : "";
     std::printf("plane %zu (rank 0: %s): round trip ms [jitter ms] (loss), median over node pairs\n", p,
                 example.c_str());
-    std::printf("  %-12s", "from \\ to");
-    for (const auto& n : names) std::printf(" %-24s", n.get<std::string>().c_str());
-    std::printf("\n");
-    for (std::size_t s = 0; s < nr; ++s) {
-      std::printf("  %-12s", names[s].get<std::string>().c_str());
-      for (std::size_t d = 0; d < nr; ++d) {
-        const auto& r = plane["rtt_ms"][s * nr + d];
-        std::string cell = "-";
-        if (!r.is_null()) {
-          cell = fmt::format("{:.2f} [{:.2f}]", r.get<double>(), plane["jitter_ms"][s * nr + d].get<double>());
-          double loss = plane["loss"][s * nr + d].get<double>();
-          if (loss > 0) cell += fmt::format(" ({:.1f}%)", 100 * loss);
-        }
-        std::printf(" %-24s", cell.c_str());
-      }
-      std::printf("\n");
-    }
+    printMatrix(names, 24, [&](std::size_t c) {
+      const auto& r = plane["rtt_ms"][c];
+      if (r.is_null()) return std::string("-");
+      std::string cell = fmt::format("{:.2f} [{:.2f}]", r.get<double>(), plane["jitter_ms"][c].get<double>());
+      double loss = plane["loss"][c].get<double>();
+      if (loss > 0) cell += fmt::format(" ({:.1f}%)", 100 * loss);
+      return cell;
+    });
+  }
+  for (const auto& plane : report["planes"]) {
+    if (!plane.contains("rate_mbps")) continue;
+    std::printf("plane %zu: bulk rate Mbit/s, one node pair at a time\n", plane["index"].get<std::size_t>());
+    printMatrix(names, 12, [&](std::size_t c) {
+      const auto& r = plane["rate_mbps"][c];
+      return r.is_null() ? std::string("-") : fmt::format("{:.1f}", r.get<double>());
+    });
   }
   if (!report["plan"].empty()) {
     std::printf("allreduce plan from these round trips (rates not measured here: 4 MiB-window prior):\n");
@@ -198,6 +339,11 @@ int run(int argc, char** argv) {
   app.add_option("--duration", durationSec, "Stop after this many seconds (default: until Ctrl-C)");
   app.add_option("--every", everySec, "Seconds between reports")->check(CLI::PositiveNumber);
   app.add_option("--json", jsonPath, "Rank 0 also writes the last report here as JSON");
+  double rateSeconds = 0;
+  app.add_option("--rate-seconds", rateSeconds,
+                 "After the last report, measure each plane's bulk rate between every pair of regions, this long per "
+                 "pair (0: not measured)")
+      ->check(CLI::Range(0.0, 60.0));
   CLI11_PARSE(app, argc, argv);
 
   auto info = detectLaunch();
@@ -257,6 +403,7 @@ int run(int argc, char** argv) {
   std::map<std::pair<int, int>, routing::CongestionDetector> detectors;
   const auto start = std::chrono::steady_clock::now();
   json lastReport;
+  routing::RegionAssignment lastRegions;  // rank 0: the regions of lastReport
   for (int round = 0;; ++round) {
     // Every rank decides the same way when to stop: by the round count.
     const bool last = durationSec > 0 && (round + 1) * everySec >= durationSec;
@@ -310,6 +457,7 @@ int run(int argc, char** argv) {
         regions = routing::inferRegions(rtt, world);
       }
       if (regions.isOk()) {
+        lastRegions = regions.value();
         lastReport = buildReport(ranks, allRows, regions.value());
         printReport(lastReport, ranks, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       } else {
@@ -317,6 +465,46 @@ int run(int argc, char** argv) {
       }
     }
     if (stop) break;
+  }
+  if (rateSeconds > 0 && world > 1) {
+    // Rank 0 picks the node pairs from the regions it knows; every rank measures them.
+    std::vector<RatePair> pairs;
+    if (rank == 0) {
+      if (!lastReport.is_null()) pairs = ratePairs(lastRegions);
+      json list = json::array();
+      for (const auto& pr : pairs) list.push_back({pr.fromRegion, pr.toRegion, pr.sender, pr.receiver});
+      Status s = st.set("probe/rate/pairs", bytesOf(list.dump()));
+      if (!s.isOk()) throw std::runtime_error(s.message());
+    } else {
+      auto got = st.get("probe/rate/pairs", Clock::now() + timeout);
+      if (!got.isOk()) throw std::runtime_error(got.status().message());
+      const json list = json::parse(std::string(got->begin(), got->end()), nullptr, false);
+      if (!list.is_array()) throw std::runtime_error("rank 0 published malformed rate pairs");
+      for (const auto& e : list) {
+        if (!e.is_array() || e.size() != 4) throw std::runtime_error("rank 0 published malformed rate pairs");
+        RatePair pr{e[0].get<std::size_t>(), e[1].get<std::size_t>(), e[2].get<int>(), e[3].get<int>()};
+        if (pr.sender < 0 || pr.sender >= world || pr.receiver < 0 || pr.receiver >= world || pr.sender == pr.receiver) {
+          throw std::runtime_error("rank 0 published a rate pair outside the job");
+        }
+        pairs.push_back(pr);
+      }
+    }
+    if (!pairs.empty()) {
+      std::size_t planes = ranks[0].addresses.size();
+      for (const auto& r : ranks) planes = std::min(planes, r.addresses.size());
+      std::vector<std::string> addrs = localPathAddresses(info.value());
+      addrs.resize(std::min(addrs.size(), planes));
+      if (rank == 0) {
+        std::printf("\nmeasuring bulk rates: %zu node pair(s) x %zu plane(s), %.1f s each\n", pairs.size(), addrs.size(),
+                    rateSeconds);
+        std::fflush(stdout);
+      }
+      auto rates = measureRates(st, rank, world, addrs, pairs, rateSeconds, secret, timeout);
+      if (rank == 0) {
+        addRates(lastReport, pairs, rates);
+        printReport(lastReport, ranks, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      }
+    }
   }
   if (rank == 0 && !jsonPath.empty() && !lastReport.is_null()) {
     std::FILE* f = std::fopen(jsonPath.c_str(), "w");

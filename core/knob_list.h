@@ -55,7 +55,8 @@
     "device per path, for NCCL to choose among).")                                                  \
   X(kNcclLinks, "MERIDIAN_NCCL_LINKS", String, "",                                                 \
     "NCCL net plugin: a `meridian-probe --json` report of the job's links; the plugin's devices "  \
-    "then report NCCL the measured one-way latency to the farthest region (needs MERIDIAN_REGION).") \
+    "then report NCCL the measured one-way latency to the farthest region and, from a report "    \
+    "made with --rate-seconds, the measured speed (needs MERIDIAN_REGION).")                      \
   X(kRelay, "MERIDIAN_RELAY", String, "auto",                                                      \
     "auto: with adaptive routing, a channel adds a relay path through a third rank while its "     \
     "direct link is worse than two hops; off: never (every rank must agree).")                     \

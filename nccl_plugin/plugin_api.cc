@@ -96,8 +96,8 @@ int initCore(MerNcclLogger logger) {
       std::vector<std::string> paths;
       for (std::size_t p = 0; p < dev.addresses.size(); ++p) paths.push_back(dev.interfaces[p] + "/" + dev.addresses[p]);
       const std::string region = knobString(knobs::kRegion);
-      ncclInfo("device {} {}: {} path(s) [{}], {} Mbit/s, latency {}, region {}", d, dev.name, dev.addresses.size(),
-               fmt::join(paths, ", "), dev.speedMbps,
+      ncclInfo("device {} {}: {} path(s) [{}], {} Mbit/s ({}), latency {}, region {}", d, dev.name, dev.addresses.size(),
+               fmt::join(paths, ", "), dev.speedMbps, dev.speedMeasured ? "measured" : "link speed",
                dev.latencyUs > 0 ? fmt::format("{:.0f} us (measured)", dev.latencyUs) : std::string("unknown"),
                region.empty() ? "(MERIDIAN_REGION not set)" : region);
     }

@@ -146,61 +146,125 @@ void setHandlePending(std::span<std::uint8_t, ConnectHandle::kBytes> handle, std
 
 // ---------------------------------------------------------------- measured links
 
-Result<LinkLatency> latencyFromProbeReport(std::string_view reportJson, const std::string& region,
-                                           const std::vector<int>& planes) {
+namespace {
+
+// One selected plane's row of a report matrix: the values from the region, -1 where null.
+struct PlaneRow {
+  int index = 0;
+  std::vector<double> values;
+};
+
+struct ReportRows {
+  std::vector<std::string> regions;
+  std::size_t from = 0;
+  std::vector<PlaneRow> rows;  // the planes of `planes` that carry `key`
+};
+
+// Reads `key` (an n x n matrix of non-negative numbers or nulls) of the report's planes
+// among `planes`, the row of `region`. A plane without `key` is left out when `optional`.
+Result<ReportRows> reportRows(std::string_view reportJson, const std::string& region, const std::vector<int>& planes,
+                              const char* key, bool optional) {
   using nlohmann::json;
   const json report = json::parse(reportJson, nullptr, false);
   if (report.is_discarded() || !report.is_object()) return invalidArgument("not a JSON object");
   const json& names = report.value("regions", json());
   const json& planeList = report.value("planes", json());
   if (!names.is_array() || !planeList.is_array()) return invalidArgument("no \"regions\" and \"planes\" arrays");
-  std::vector<std::string> regions;
+  ReportRows out;
   for (const json& n : names) {
     if (!n.is_string()) return invalidArgument("a region name that is not a string");
-    regions.push_back(n.get<std::string>());
+    out.regions.push_back(n.get<std::string>());
   }
-  const auto own = std::find(regions.begin(), regions.end(), region);
-  if (own == regions.end()) {
-    return invalidArgument("region '{}' is not in the report (it has: {})", region, fmt::join(regions, ", "));
+  const auto own = std::find(out.regions.begin(), out.regions.end(), region);
+  if (own == out.regions.end()) {
+    return invalidArgument("region '{}' is not in the report (it has: {})", region, fmt::join(out.regions, ", "));
   }
-  const std::size_t nr = regions.size(), from = static_cast<std::size_t>(own - regions.begin());
-  // Per destination region, the best (lowest) minimum round trip over the device's planes.
-  std::vector<double> best(nr, -1);
+  const std::size_t nr = out.regions.size();
+  out.from = static_cast<std::size_t>(own - out.regions.begin());
   for (const json& plane : planeList) {
     if (!plane.is_object()) return invalidArgument("a plane that is not an object");
     const json& index = plane.value("index", json());
     if (!index.is_number_integer()) return invalidArgument("a plane without an integer \"index\"");
     if (std::find(planes.begin(), planes.end(), index.get<int>()) == planes.end()) continue;
-    const json& cells = plane.value("min_rtt_ms", json());
+    if (optional && !plane.contains(key)) continue;
+    const json& cells = plane.value(key, json());
     if (!cells.is_array() || cells.size() != nr * nr) {
-      return invalidArgument("plane {}: min_rtt_ms holds {} values, not {} x {}", index.get<int>(),
+      return invalidArgument("plane {}: {} holds {} values, not {} x {}", index.get<int>(), key,
                              cells.is_array() ? cells.size() : 0, nr, nr);
     }
+    PlaneRow row{index.get<int>(), std::vector<double>(nr, -1)};
     for (std::size_t to = 0; to < nr; ++to) {
-      const json& v = cells[from * nr + to];
+      const json& v = cells[out.from * nr + to];
       if (v.is_null()) continue;
       if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0) {
-        return invalidArgument("plane {}: a round trip that is not a non-negative number", index.get<int>());
+        return invalidArgument("plane {}: a {} value that is not a non-negative number", index.get<int>(), key);
       }
-      const double ms = v.get<double>();
-      if (best[to] < 0 || ms < best[to]) best[to] = ms;
+      row.values[to] = v.get<double>();
+    }
+    out.rows.push_back(std::move(row));
+  }
+  return out;
+}
+
+// The cell of `values` to judge the device by: `better` picks among the other regions'
+// cells (the farthest round trip, the slowest rate); the region's own cell when there is no
+// other. -1 when the row has none.
+template <typename Better>
+double pickCell(const ReportRows& r, const std::vector<double>& values, Better better, std::string& toRegion) {
+  double picked = -1;
+  for (std::size_t to = 0; to < values.size(); ++to) {
+    if (to == r.from || values[to] < 0) continue;
+    if (picked < 0 || better(values[to], picked)) {
+      picked = values[to];
+      toRegion = r.regions[to];
+    }
+  }
+  if (picked < 0 && values[r.from] >= 0) {
+    picked = values[r.from];
+    toRegion = r.regions[r.from];
+  }
+  return picked;
+}
+
+}  // namespace
+
+Result<LinkLatency> latencyFromProbeReport(std::string_view reportJson, const std::string& region,
+                                           const std::vector<int>& planes) {
+  MERIDIAN_ASSIGN_OR_RETURN(ReportRows r, reportRows(reportJson, region, planes, "min_rtt_ms", false));
+  // Per destination region, the best (lowest) minimum round trip over the device's planes.
+  std::vector<double> best(r.regions.size(), -1);
+  for (const PlaneRow& row : r.rows) {
+    for (std::size_t to = 0; to < best.size(); ++to) {
+      if (row.values[to] >= 0 && (best[to] < 0 || row.values[to] < best[to])) best[to] = row.values[to];
     }
   }
   LinkLatency out;
-  double farthest = -1;
-  for (std::size_t to = 0; to < nr; ++to) {
-    if (to != from && best[to] > farthest) {
-      farthest = best[to];
-      out.toRegion = regions[to];
-    }
-  }
-  if (farthest < 0 && best[from] >= 0) {  // one region: the round trips inside it
-    farthest = best[from];
-    out.toRegion = region;
-  }
+  const double farthest = pickCell(r, best, [](double a, double b) { return a > b; }, out.toRegion);
   if (farthest < 0) return invalidArgument("no round trip from region '{}' on plane(s) {}", region, fmt::join(planes, ", "));
   out.oneWayUs = farthest * 1000 / 2;
   return out;
+}
+
+Result<std::optional<LinkSpeed>> speedFromProbeReport(std::string_view reportJson, const std::string& region,
+                                                      const std::vector<int>& planes) {
+  MERIDIAN_ASSIGN_OR_RETURN(ReportRows r, reportRows(reportJson, region, planes, "rate_mbps", true));
+  if (r.rows.empty()) return std::optional<LinkSpeed>();
+  LinkSpeed out;
+  std::vector<int> without;
+  for (const PlaneRow& row : r.rows) {
+    std::string to;
+    const double slowest = pickCell(r, row.values, [](double a, double b) { return a < b; }, to);
+    if (slowest < 0) {
+      without.push_back(row.index);
+      continue;
+    }
+    if (out.toRegion.empty()) out.toRegion = to;
+    out.mbps += slowest;
+  }
+  if (!without.empty()) {
+    return invalidArgument("no rate from region '{}' on plane(s) {} of the device", region, fmt::join(without, ", "));
+  }
+  return std::optional<LinkSpeed>(out);
 }
 
 namespace {
@@ -222,6 +286,18 @@ Status applyMeasuredLinks(const std::string& path, DeviceInfo& info, const std::
   info.latencyUs = static_cast<float>(got->oneWayUs);
   MLOG_INFO(kPlugin, "device {}: latency {:.0f} us, one way from {} to {} (measured, {})", info.name, got->oneWayUs,
             region, got->toRegion, path);
+  auto speed = speedFromProbeReport(text, region, planes);
+  if (!speed) return speed.status().withContext(fmt::format("MERIDIAN_NCCL_LINKS={}", path));
+  if (!speed->has_value()) {
+    MLOG_INFO(kPlugin, "device {}: speed {} Mbit/s from the kernel (the report has no rates: meridian-probe --rate-seconds)",
+              info.name, info.speedMbps);
+    return Status::ok();
+  }
+  // NCCL takes an int of Mbit/s; a measured rate under 1 Mbit/s still says "slow", not "unknown".
+  info.speedMbps = std::max(1, static_cast<int>(std::lround((*speed)->mbps)));
+  info.speedMeasured = true;
+  MLOG_INFO(kPlugin, "device {}: speed {} Mbit/s, the slowest rate from {} (to {}) summed over its planes (measured, {})",
+            info.name, info.speedMbps, region, (*speed)->toRegion, path);
   return Status::ok();
 }
 

@@ -26,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -65,13 +66,30 @@ struct LinkLatency {
 Result<LinkLatency> latencyFromProbeReport(std::string_view reportJson, const std::string& region,
                                            const std::vector<int>& planes);
 
+// The device's bulk rate from the same report's `rate_mbps` matrices (meridian-probe
+// --rate-seconds): per plane of `planes` the slowest rate from `region` to another region
+// (within the region when the report has no other), summed over the planes: the rate the
+// device sustains to every region at once. NCCL's `speed`.
+struct LinkSpeed {
+  double mbps = 0;
+  std::string toRegion;  // where the slowest rate of the first plane goes
+};
+// nullopt when no plane of `planes` carries a rate (a report made without --rate-seconds: the
+// kernel's figure stands); invalidArgument as latencyFromProbeReport, or when some planes
+// carry rates from the region and others none.
+Result<std::optional<LinkSpeed>> speedFromProbeReport(std::string_view reportJson, const std::string& region,
+                                                      const std::vector<int>& planes);
+
 struct DeviceInfo {
   std::string name;      // "meridian0"
   std::string pciPath;   // sysfs path of the first path's interface
   std::vector<std::string> addresses;  // local IPv4 per path
   std::vector<std::string> interfaces; // their interface names
-  int speedMbps = 0;     // summed link speed of the paths (kernel's figure; 10 Gbit/s when unknown)
+  // Measured bulk rate from MERIDIAN_NCCL_LINKS when it has rates, else the summed link speed
+  // of the paths (kernel's figure; 10 Gbit/s when unknown).
+  int speedMbps = 0;
   float latencyUs = 0;   // from MERIDIAN_NCCL_LINKS when set, else 0 (unknown)
+  bool speedMeasured = false;  // speedMbps came from MERIDIAN_NCCL_LINKS' rates
   std::uint64_t guid = 0;
 };
 

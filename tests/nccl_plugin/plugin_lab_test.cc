@@ -30,7 +30,8 @@ TEST(NcclPluginLabTest, TransfersSurviveAPathDegradedAndThenCutBetweenRegions) {
   // is 20 ms one way between east and west, a quarter of that here; wan-b is slower.
   const std::string links = ::testing::TempDir() + "/nccl-lab-links.json";
   std::filesystem::remove(links);
-  auto probe = session.run(fmt::format("exec-all -- {} --duration 3 --every 3 --json {}", MERIDIAN_PROBE_BIN, links));
+  auto probe = session.run(
+      fmt::format("exec-all -- {} --duration 3 --every 3 --rate-seconds 1 --json {}", MERIDIAN_PROBE_BIN, links));
   ASSERT_EQ(probe.code, 0) << probe.output;
   auto props = session.run(fmt::format("run west-1 -- env LD_LIBRARY_PATH={} MERIDIAN_SECRET=nccl-lab MERIDIAN_NCCL_LINKS={} "
                                        "NCCL_DEBUG=INFO {} --properties",
@@ -40,6 +41,12 @@ TEST(NcclPluginLabTest, TransfersSurviveAPathDegradedAndThenCutBetweenRegions) {
   ASSERT_TRUE(std::regex_search(props.output, m, std::regex("latency ([0-9.]+) us, pciPath"))) << props.output;
   EXPECT_NEAR(std::stod(m[1]), 5000, 500) << props.output;
   EXPECT_NE(props.output.find(" us (measured), region west"), std::string::npos) << "NCCL's INFO line\n" << props.output;
+  // ... and the speed it measured: both planes' 100 Mbit/s from west to east, summed (the
+  // emulator and TCP take their share; a kernel figure would be 20000).
+  ASSERT_TRUE(std::regex_search(props.output, m, std::regex("name meridian0, speed ([0-9]+) Mbit/s"))) << props.output;
+  EXPECT_GT(std::stoi(m[1]), 100) << props.output << probe.output;
+  EXPECT_LT(std::stoi(m[1]), 210) << props.output << probe.output;
+  EXPECT_NE(props.output.find(" Mbit/s (measured), latency "), std::string::npos) << "NCCL's INFO line\n" << props.output;
   const std::string handle = ::testing::TempDir() + "/nccl-lab-handle";
   const std::string env = fmt::format(
       "env LD_LIBRARY_PATH={} MERIDIAN_SECRET=nccl-lab MERIDIAN_PATH_STALL_MS=1000 NCCL_DEBUG=INFO "

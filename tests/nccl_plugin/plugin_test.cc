@@ -186,6 +186,46 @@ TEST(NcclPluginLinksTest, LatencyIsHalfTheRoundTripToTheFarthestRegionOnTheBestP
   EXPECT_DOUBLE_EQ(alone->oneWayUs, 200);
 }
 
+// The same report after meridian-probe --rate-seconds: bulk rates in Mbit/s per plane.
+constexpr const char* kRatedReport = R"({
+  "regions": ["london", "virginia", "singapore"], "regions_inferred": false,
+  "planes": [
+    {"index": 0, "min_rtt_ms": [0.3, 76.0, 170.0,  76.5, 0.2, 214.0,  170.5, 214.5, 0.3],
+                 "rate_mbps": [900, 40, 20,  40, 900, 10,  20, 10, 900]},
+    {"index": 1, "min_rtt_ms": [0.3, 80.0, 160.0,  80.5, 0.2, null,   160.5, null,  0.3],
+                 "rate_mbps": [900, 30, null,  30, 900, null,  null, null, 900]}
+  ]})";
+
+TEST(NcclPluginLinksTest, SpeedIsTheSlowestRateToAnotherRegionSummedOverThePlanes) {
+  auto both = speedFromProbeReport(kRatedReport, "london", {0, 1});
+  ASSERT_TRUE(both.isOk()) << both.status().toString();
+  ASSERT_TRUE(both->has_value());
+  EXPECT_DOUBLE_EQ((*both)->mbps, 50) << "20 to singapore on plane 0, 30 to virginia on plane 1 (no rate to singapore)";
+  EXPECT_EQ((*both)->toRegion, "singapore");
+  auto plane1 = speedFromProbeReport(kRatedReport, "virginia", {1});
+  ASSERT_TRUE(plane1.isOk() && plane1->has_value());
+  EXPECT_DOUBLE_EQ((*plane1)->mbps, 30);
+  auto alone = speedFromProbeReport(R"({"regions": ["lab"], "planes": [{"index": 0, "min_rtt_ms": [0.4], "rate_mbps": [800]}]})",
+                                    "lab", {0});
+  ASSERT_TRUE(alone.isOk() && alone->has_value()) << "one region: the rate inside it";
+  EXPECT_DOUBLE_EQ((*alone)->mbps, 800);
+  auto unrated = speedFromProbeReport(kReport, "london", {0, 1});
+  ASSERT_TRUE(unrated.isOk()) << unrated.status().toString();
+  EXPECT_FALSE(unrated->has_value()) << "a report without rates leaves the kernel's figure";
+  auto bad = speedFromProbeReport(
+      R"({"regions": ["a", "b"], "planes": [{"index": 0, "rate_mbps": [null, null, null, 1]}, {"index": 1, "rate_mbps": [1, 5, 5, 1]}]})",
+      "a", {0, 1});
+  ASSERT_FALSE(bad.isOk()) << "plane 0 has no rate from a: the sum would be a guess";
+  EXPECT_NE(bad.status().message().find("no rate from region 'a' on plane(s) 0"), std::string::npos) << bad.status().toString();
+  auto negative = speedFromProbeReport(R"({"regions": ["a", "b"], "planes": [{"index": 0, "rate_mbps": [1, -5, 5, 1]}]})", "a", {0});
+  ASSERT_FALSE(negative.isOk());
+  EXPECT_NE(negative.status().message().find("rate_mbps value that is not a non-negative number"), std::string::npos)
+      << negative.status().toString();
+  auto shortMatrix = speedFromProbeReport(R"({"regions": ["a", "b"], "planes": [{"index": 0, "rate_mbps": [1, 5]}]})", "a", {0});
+  ASSERT_FALSE(shortMatrix.isOk());
+  EXPECT_NE(shortMatrix.status().message().find("rate_mbps holds 2 values, not 2 x 2"), std::string::npos);
+}
+
 TEST(NcclPluginLinksTest, RefusesReportsItCannotUseWithAClearReason) {
   auto expectRefused = [](std::string_view json, const std::string& region, std::vector<int> planes, const char* says) {
     auto got = latencyFromProbeReport(json, region, planes);
@@ -220,6 +260,16 @@ TEST(NcclPluginTest, DevicesReportTheLatencyOfTheLinksFile) {
   EXPECT_NE(out.find("device 0: name meridian0, speed"), std::string::npos) << out;
   EXPECT_NE(out.find("latency 85000.0 us"), std::string::npos) << "device 0 is plane 0 alone\n" << out;
   EXPECT_NE(out.find("latency 80000.0 us"), std::string::npos) << "device 1 is plane 1 alone\n" << out;
+  EXPECT_EQ(out.find("speed 20 Mbit/s"), std::string::npos) << "a report without rates leaves the kernel's speed\n" << out;
+  const std::string rated = ::testing::TempDir() + "/nccl-links-rated.json";
+  {
+    std::ofstream(rated) << kRatedReport;
+  }
+  out = run("MERIDIAN_NCCL_LINKS=" + rated + " MERIDIAN_REGION=london " + check);
+  EXPECT_NE(out.find("name meridian0, speed 50 Mbit/s, latency 80000.0 us"), std::string::npos) << out;
+  out = run("MERIDIAN_NCCL_LINKS=" + rated + " MERIDIAN_NCCL_DEVICES=paths MERIDIAN_REGION=london " + check);
+  EXPECT_NE(out.find("name meridian0, speed 20 Mbit/s"), std::string::npos) << "device 0 is plane 0 alone\n" << out;
+  EXPECT_NE(out.find("name meridian1, speed 30 Mbit/s"), std::string::npos) << "device 1 is plane 1 alone\n" << out;
   out = run(check);
   EXPECT_NE(out.find("latency 0.0 us"), std::string::npos) << "without a report the latency is unknown\n" << out;
   out = run("MERIDIAN_NCCL_LINKS=" + file + " MERIDIAN_REGION= " + check);
