@@ -32,6 +32,7 @@
 #include "collectives/communicator.h"
 #include "collectives/launch_env.h"
 #include "collectives/store.h"
+#include "core/file_util.h"
 #include "core/knobs.h"
 #include "core/log.h"
 #include "core/secret.h"
@@ -314,7 +315,7 @@ void printReport(const json& report, const std::vector<RankInfo>& ranks, double 
     });
   }
   if (!report["plan"].empty()) {
-    std::printf("allreduce plan from these round trips (rates not measured here: 4 MiB-window prior):\n");
+    std::printf("allreduce plan from these round trips (rates from a 4 MiB-window prior, not the bulk rates):\n");
     for (const auto& p : report["plan"]) {
       std::printf("  %9s  %s\n", fmt::format("{} KiB", p["bytes"].get<std::size_t>() >> 10).c_str(),
                   p["reason"].get<std::string>().c_str());
@@ -507,10 +508,9 @@ int run(int argc, char** argv) {
     }
   }
   if (rank == 0 && !jsonPath.empty() && !lastReport.is_null()) {
-    std::FILE* f = std::fopen(jsonPath.c_str(), "w");
-    if (f == nullptr) throw std::runtime_error(fmt::format("cannot write {}", jsonPath));
-    std::fputs(lastReport.dump(2).c_str(), f);
-    std::fclose(f);
+    // Atomically: a plugin reading the report at its init never sees half of one.
+    Status w = writeFileAtomically(jsonPath, lastReport.dump(2));
+    if (!w.isOk()) throw std::runtime_error(fmt::format("cannot write {}: {}", jsonPath, w.message()));
   }
   // Rank 0 hosts the store, so it leaves last: once every other rank has said it is done
   // with the store.
