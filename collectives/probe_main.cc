@@ -184,6 +184,7 @@ std::vector<RatePair> ratePairs(const routing::RegionAssignment& regions) {
 // received at in Mbit/s, from its first message's arrival to its last's; 0 on other ranks.
 constexpr std::size_t kRateMessageBytes = 128 << 10;
 constexpr std::size_t kRateWindow = 8;
+constexpr long kRateTimeoutMs = 30'000;
 
 double streamRate(Communicator& comm, int sender, int receiver, double seconds, TimePoint deadline) {
   using DT = Communicator::DataType;
@@ -239,14 +240,16 @@ std::vector<std::vector<double>> measureRates(Store& st, int rank, int world, co
     o.localAddresses = {planes[p]};
     o.probe = false;
     o.secret = secret;
-    o.timeout = timeout;
+    // A plane that is down fails the set-up within this, not MERIDIAN_TIMEOUT_MS (minutes).
+    o.timeout = std::min(timeout, std::chrono::milliseconds(kRateTimeoutMs));
     o.storePrefix = fmt::format("probe/rate/{}", p);
     o.name = fmt::format("rate{}", p);
     auto comm = Communicator::create(st, rank, world, o);
     if (!comm.isOk()) throw std::runtime_error(fmt::format("plane {}: {}", p, comm.status().message()));
     std::vector<double> mine;
     for (const RatePair& pair : pairs) {
-      mine.push_back(streamRate(*comm.value(), pair.sender, pair.receiver, seconds, Clock::now() + timeout));
+      const auto streaming = std::chrono::milliseconds(static_cast<long>(seconds * 1000));
+      mine.push_back(streamRate(*comm.value(), pair.sender, pair.receiver, seconds, Clock::now() + o.timeout + streaming));
       Status b = comm.value()->barrier();  // one pair at a time: nothing else on the network
       if (!b.isOk()) throw std::runtime_error("rate test barrier: " + b.toString());
     }
@@ -467,7 +470,16 @@ int run(int argc, char** argv) {
     }
     if (stop) break;
   }
+  // Atomically: a plugin reading the report at its init never sees half of one. Written once
+  // the rounds are over and again with the rates, so a rate phase that fails (a plane that
+  // is down) still leaves the round trips.
+  auto writeJson = [&] {
+    if (rank != 0 || jsonPath.empty() || lastReport.is_null()) return;
+    Status w = writeFileAtomically(jsonPath, lastReport.dump(2));
+    if (!w.isOk()) throw std::runtime_error(fmt::format("cannot write {}: {}", jsonPath, w.message()));
+  };
   if (rateSeconds > 0 && world > 1) {
+    writeJson();
     // Rank 0 picks the node pairs from the regions it knows; every rank measures them.
     std::vector<RatePair> pairs;
     if (rank == 0) {
@@ -507,11 +519,7 @@ int run(int argc, char** argv) {
       }
     }
   }
-  if (rank == 0 && !jsonPath.empty() && !lastReport.is_null()) {
-    // Atomically: a plugin reading the report at its init never sees half of one.
-    Status w = writeFileAtomically(jsonPath, lastReport.dump(2));
-    if (!w.isOk()) throw std::runtime_error(fmt::format("cannot write {}: {}", jsonPath, w.message()));
-  }
+  writeJson();
   // Rank 0 hosts the store, so it leaves last: once every other rank has said it is done
   // with the store.
   if (rank != 0) {
