@@ -27,6 +27,7 @@
 #include "core/log.h"
 #include "core/metrics.h"
 #include "core/secret.h"
+#include "transport/tcp/direct_read.h"
 #include "transport/tcp/tcp_device.h"
 
 namespace meridian::collectives {
@@ -55,6 +56,47 @@ bool isCollective(Communicator::OpKind k) {
   return k != Communicator::OpKind::kSend && k != Communicator::OpKind::kRecv;
 }
 
+
+// Same-host direct reads (transport/tcp/direct_read.h): two rounds over the store. Every
+// rank offers its host key, pid and a cookie's address (or nothing when disabled), test-reads
+// the cookies of the peers on its host, and publishes whom it can read; a channel then reads
+// its peer directly when it could read the cookie, and sends by reference when the peer could.
+struct DirectReads {
+  std::vector<std::int64_t> readPid;  // [rank]: 0 = not read directly
+  std::vector<bool> peerReadsUs;      // [rank]
+};
+
+Result<DirectReads> planDirectReads(Store& store, const std::string& base, int rank, int worldSize, bool enabled,
+                                    TimePoint deadline) {
+  const auto n = static_cast<std::size_t>(worldSize);
+  DirectReads plan{std::vector<std::int64_t>(n, 0), std::vector<bool>(n, false)};
+  const std::string offer = enabled ? transport::tcp::encodeDirectReadOffer(transport::tcp::localDirectReadOffer()) : "";
+  auto asBytes = [](const std::string& v) {
+    return std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(v.data()), v.size());
+  };
+  MERIDIAN_ASSIGN_OR_RETURN(auto offers, storeAllGather(store, base + "/direct-offer", rank, worldSize, asBytes(offer), deadline));
+  std::string readable(n, '0');
+  for (std::size_t peer = 0; peer < n; ++peer) {
+    if (!enabled || peer == static_cast<std::size_t>(rank) || offers[peer].empty()) continue;
+    auto o = transport::tcp::decodeDirectReadOffer(offers[peer]);
+    if (!o) return o.status().withContext(fmt::format("rank {}'s direct-read offer", peer));
+    if (transport::tcp::canReadDirect(o.value())) {
+      plan.readPid[peer] = o->pid;
+      readable[peer] = '1';
+    }
+  }
+  MERIDIAN_ASSIGN_OR_RETURN(auto reads, storeAllGather(store, base + "/direct-reads", rank, worldSize, asBytes(readable), deadline));
+  int sameHost = 0;
+  for (std::size_t peer = 0; peer < n; ++peer) {
+    if (reads[peer].size() != n) {
+      return peerError("rank {} published a direct-read mask of {} entries for {} ranks", peer, reads[peer].size(), n);
+    }
+    plan.peerReadsUs[peer] = enabled && reads[peer][static_cast<std::size_t>(rank)] == '1';
+    sameHost += plan.readPid[peer] > 0 ? 1 : 0;
+  }
+  if (sameHost > 0) MLOG_INFO(kCollectives, "rank {} reads {} same-host peer(s) directly", rank, sameHost);
+  return plan;
+}
 
 }  // namespace
 // ---- Metrics ------------------------------------------------------------------------
@@ -145,6 +187,10 @@ Result<std::unique_ptr<Communicator>> Communicator::create(Store& store, int ran
   const std::string relay = knobString(knobs::kRelay);
   if (relay != "auto" && relay != "off") return invalidArgument("MERIDIAN_RELAY must be auto or off, not '{}'", relay);
   comm->relay_ = comm->adaptive_ && relay == "auto";
+  const std::string directRead = knobString(knobs::kDirectRead);
+  if (directRead != "auto" && directRead != "off") {
+    return invalidArgument("MERIDIAN_DIRECT_READ must be auto or off, not '{}'", directRead);
+  }
   transport::tcp::DeviceOptions dev;
   dev.adaptive = comm->adaptive_;
   dev.relaySlot = comm->relay_;
@@ -182,6 +228,8 @@ Result<std::unique_ptr<Communicator>> Communicator::create(Store& store, int ran
                                                                mine.size()),
                                  deadline));
 
+  MERIDIAN_ASSIGN_OR_RETURN(DirectReads direct, planDirectReads(store, base, rank, worldSize, directRead == "auto", deadline));
+
   // Full mesh: connect to every higher rank, then take the lower ranks' connections.
   comm->channels_.resize(static_cast<std::size_t>(worldSize));
   comm->peerAddresses_.resize(static_cast<std::size_t>(worldSize));
@@ -194,6 +242,8 @@ Result<std::unique_ptr<Communicator>> Communicator::create(Store& store, int ran
     // Both sides pass the peer's addresses: the path count is min(ours, theirs).
     const auto& blob = blobs[static_cast<std::size_t>(peer)];
     spec.peerAddresses = splitCommaList(std::string(blob.begin(), blob.end()));
+    spec.readPeerPid = direct.readPid[static_cast<std::size_t>(peer)];
+    spec.peerReadsDirect = direct.peerReadsUs[static_cast<std::size_t>(peer)];
     comm->peerAddresses_[static_cast<std::size_t>(peer)] = spec.peerAddresses;
     auto ch = comm->device_->openChannel(spec, deadline);
     if (!ch.isOk()) return ch.status().withContext(fmt::format("rank {}: channel to rank {}", rank, peer));

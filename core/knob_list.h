@@ -57,6 +57,10 @@
     "NCCL net plugin: a `meridian-probe --json` report of the job's links; the plugin's devices "  \
     "then report NCCL the measured one-way latency to the farthest region and, from a report "    \
     "made with --rate-seconds, the measured speed (needs MERIDIAN_REGION).")                      \
+  X(kDirectRead, "MERIDIAN_DIRECT_READ", String, "auto",                                           \
+    "auto: ranks on one host (same boot, user, network and PID namespaces) that may read each "    \
+    "other's memory move messages above 64 KiB by reading them from the sender (process_vm_readv), " \
+    "one copy instead of loopback TCP's two; off: always through the sockets.")                    \
   X(kRelay, "MERIDIAN_RELAY", String, "auto",                                                      \
     "auto: with adaptive routing, a channel adds a relay path through a third rank while its "     \
     "direct link is worse than two hops; off: never (every rank must agree).")                     \

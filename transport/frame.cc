@@ -40,7 +40,7 @@ Result<FrameHeader> decodeFrameHeader(std::span<const std::uint8_t> b) {
   FrameHeader h;
   h.prevExact = (flags & kFlagPrevExact) != 0;
   std::uint8_t type = b[3];
-  if (type < static_cast<std::uint8_t>(FrameType::kData) || type > static_cast<std::uint8_t>(FrameType::kClose)) {
+  if (type < static_cast<std::uint8_t>(FrameType::kData) || type > static_cast<std::uint8_t>(FrameType::kDataRef)) {
     return peerError("frame: unknown type {}", type);
   }
   h.type = static_cast<FrameType>(type);

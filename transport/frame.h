@@ -30,6 +30,10 @@ enum class FrameType : std::uint8_t {
   kData = 1,   // a chunk of a message; `length` payload bytes follow
   kAck = 2,    // the receiver placed chunk (seq, offset, length)
   kClose = 3,  // the sender is closing the stream on purpose
+  // A chunk the receiver reads from the sender's memory itself (same host, see
+  // tcp/direct_read.h): as kData, but the 8 bytes that follow are the address of the chunk's
+  // first byte in the sender, not its `length` payload bytes.
+  kDataRef = 4,
 };
 
 struct FrameHeader {

@@ -2,6 +2,7 @@
 // through a real MultipathChannel exactly as the TCP engine does, plus the handshake
 // decoders. Finds crashes, unbounded allocations and broken invariants in every decoder
 // that reads the wire.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -10,6 +11,7 @@
 
 #include "transport/frame.h"
 #include "transport/multipath/multipath_channel.h"
+#include "transport/tcp/direct_read.h"
 #include "transport/tcp/handshake.h"
 
 using namespace meridian;
@@ -23,6 +25,7 @@ void fuzzHandshake(std::span<const std::uint8_t> in) {
   if (in.size() >= tcp::kChallengeBytes) (void)tcp::verifyChallenge("k", n, in.first(tcp::kChallengeBytes));
   if (in.size() >= tcp::kAuthBytes) (void)tcp::verifyAuth("k", n, n, in.first(tcp::kAuthBytes));
   if (in.size() >= tcp::kResultBytes) (void)tcp::decodeResult(in.first(tcp::kResultBytes));
+  (void)tcp::decodeDirectReadOffer(in.first(std::min<std::size_t>(in.size(), 300)));
 }
 
 }  // namespace
@@ -56,6 +59,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       continue;
     }
     if (h->type == FrameType::kClose) continue;
+    const bool ref = h->type == FrameType::kDataRef;  // its 8-byte address follows; the bytes are "read" from the input
+    if (ref) {
+      if (size - pos < tcp::kDirectRefBytes) break;
+      pos += tcp::kDirectRefBytes;
+      h->type = FrameType::kData;
+    }
     auto t = ch->onDataHeader(h.value(), path);
     if (!t) break;
     std::uint64_t len = h->length;

@@ -26,6 +26,7 @@ struct OutMessage {
   std::uint32_t acked = 0;
   bool finished = false;
   bool eager = false;                 // data points into `copy`; req completed at post
+  bool direct = false;                // sent as kDataRef chunks: the peer reads `data` itself
   std::vector<std::uint8_t> copy;
   RequestPtr req;
 
@@ -198,6 +199,8 @@ Result<RequestPtr> MultipathChannel::isend(const void* data, std::size_t bytes, 
   } else if (bytes <= config_.eagerMaxBytes) {
     eagerBytes_.fetch_sub(bytes, std::memory_order_relaxed);
   }
+  // The caller's buffer stays untouched until every chunk is acknowledged, that is read.
+  msg->direct = config_.peerReadsDirect && !msg->eager && bytes > 0;
   {
     std::lock_guard lock(postMu_);
     if (failed_.load(std::memory_order_relaxed) || !closing_.isOk()) {
@@ -424,7 +427,7 @@ bool MultipathChannel::nextChunk(std::size_t path, OutChunk* out) {
 
 FrameHeader MultipathChannel::chunkHeader(const OutChunk& c) const {
   FrameHeader h;
-  h.type = FrameType::kData;
+  h.type = c.msg->direct ? FrameType::kDataRef : FrameType::kData;
   h.tag = c.msg->tag;
   h.seq = c.msg->seq;
   h.prevSameTag = c.msg->prevSameTag;
@@ -433,6 +436,10 @@ FrameHeader MultipathChannel::chunkHeader(const OutChunk& c) const {
   h.totalBytes = c.msg->totalBytes;
   h.length = c.msg->chunkLength(c.index);
   return h;
+}
+
+std::uint64_t MultipathChannel::chunkAddress(const OutChunk& c) const {
+  return reinterpret_cast<std::uintptr_t>(c.msg->data + c.msg->chunkOffset(c.index));
 }
 
 const std::uint8_t* MultipathChannel::chunkPayload(const OutChunk& c, std::uint64_t progress, std::size_t* bytes) const {

@@ -54,6 +54,10 @@ struct MultipathConfig {
   // every live path gets the same share of the bytes whatever its rate or weight, and a
   // chunk waits for its path's window rather than move to another path.
   bool adaptive = true;
+  // The peer reads this side's large messages straight from its memory (same host; see
+  // tcp/direct_read.h): every message that is not eager goes as kDataRef chunks, addresses
+  // in place of payload.
+  bool peerReadsDirect = false;
 };
 
 struct PathEndpoints {
@@ -122,6 +126,8 @@ class MultipathChannel : public Channel, public std::enable_shared_from_this<Mul
   // The chunk's header, and its payload from byte `progress` on (at most `maxBytes`);
   // once the message completed elsewhere the payload reads as zeros (the peer drops it).
   FrameHeader chunkHeader(const OutChunk& c) const;
+  // Where a kDataRef chunk's first byte lies in this process (what the frame carries).
+  std::uint64_t chunkAddress(const OutChunk& c) const;
   const std::uint8_t* chunkPayload(const OutChunk& c, std::uint64_t progress, std::size_t* bytes) const;
   void onChunkWritten(std::size_t path, const OutChunk& c, std::int64_t nowUs);
 

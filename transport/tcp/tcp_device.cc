@@ -23,6 +23,8 @@
 #include "core/knobs.h"
 #include "core/log.h"
 #include "transport/multipath/multipath_channel.h"
+#include "core/wire.h"
+#include "transport/tcp/direct_read.h"
 #include "transport/tcp/handshake.h"
 #include "transport/tcp/socket.h"
 #include "transport/tcp/splice.h"
@@ -101,7 +103,20 @@ struct Stream {
   std::uint64_t payloadGot = 0;
   std::unique_ptr<std::uint8_t[]> rbuf;
   std::size_t rpos = 0, rlen = 0;
+  // Moves buffered bytes into dst until *got reaches need; true once it has.
+  bool takeBuffered(std::uint8_t* dst, std::size_t* got, std::size_t need) {
+    std::size_t take = std::min(need - *got, rlen - rpos);
+    std::memcpy(dst + *got, rbuf.get() + rpos, take);
+    *got += take;
+    rpos += take;
+    return *got == need;
+  }
   std::uint8_t drain[16 * 1024];
+  // A kDataRef frame whose address is still arriving.
+  bool refPending = false;
+  FrameHeader refHeader;
+  std::uint8_t refIn[kDirectRefBytes] = {};
+  std::size_t refGot = 0;
   // Writing: control frames (acks, close) go out between data frames.
   std::vector<std::uint8_t> ctrl;
   std::size_t ctrlDone = 0;
@@ -112,6 +127,8 @@ struct Stream {
   FrameHeaderBytes chunkHeader{};
   std::uint64_t written = 0;  // of header + payload
   std::uint64_t frameBytes = 0;
+  bool writingRef = false;                     // the frame is a kDataRef: refOut is its payload
+  std::uint8_t refOut[kDirectRefBytes] = {};
   int notsentLowat = 0;  // TCP_NOTSENT_LOWAT in force (0: none)
 };
 
@@ -123,6 +140,7 @@ struct ChannelEntry {
   std::vector<int> expectedStreams;                           // per path; 0 = not known yet
   std::size_t directPaths = 0;                                // paths beyond these: the relay slot
   std::vector<std::string> peerAddresses;                     // the peer's listen addresses
+  std::int64_t readPid = 0;                                   // direct reads from this pid (0: none)
   bool ready = false;
   bool usable() const { return ready && !channel->failed(); }
   bool liveStreams(std::size_t path) const {
@@ -205,6 +223,7 @@ struct TcpDevice::Impl {
   std::vector<std::unique_ptr<RelayEntry>> relays;
   std::map<int, RelayEntry*> relaysByFd;
   Counter* relayedBytes = nullptr;
+  Counter* directReadBytes = nullptr;  // chunk bytes read straight from same-host peers' memory
   std::int64_t lastStallCheckUs = 0;
   std::int64_t lastTcpInfoUs = 0;
   static constexpr std::int64_t kTcpInfoPeriodUs = 1'000'000;  // TCP_INFO of every stream, once a second
@@ -252,7 +271,7 @@ struct TcpDevice::Impl {
   ChannelEntry* findChannel(std::uint64_t sessionId, int peerRank);
   // A new channel entry (not yet in `channels`) over `endpoints` (+ the relay slot).
   std::unique_ptr<ChannelEntry> makeEntry(std::uint64_t sessionId, int peerRank, std::vector<PathEndpoints> endpoints,
-                                          std::vector<std::string> peerAddresses);
+                                          std::vector<std::string> peerAddresses, bool peerReadsDirect = false);
   // acceptChannel's search (progress thread).
   Result<std::pair<int, ChannelPtr>> acceptAny(std::uint64_t sessionId);
   // Why a relay request may not be served (ok: it may).
@@ -263,6 +282,9 @@ struct TcpDevice::Impl {
   void sayGoodbye(Stream& s);
   void attachStream(ChannelEntry& e, UniqueFd fd, std::size_t path);
   void readStream(Stream& s);
+  // The address of a kDataRef chunk has arrived: reads the chunk from the peer's memory into
+  // its target. False when it failed the path.
+  bool readDirectChunk(Stream& s);
   void flushStream(Stream& s);
   void failPath(ChannelEntry& e, std::size_t path, const Status& why, bool graceful);
   // Closes one stream now (no goodbye) and forgets its fd and any frame in progress.
@@ -608,7 +630,7 @@ void TcpDevice::Impl::readStream(Stream& s) {
       }
       ssize_t n = ::recv(s.fd.get(), dst, want, 0);
       if (n == 0) {
-        bool midFrame = s.inPayload || s.headerGot > 0 || s.rpos < s.rlen;
+        bool midFrame = s.inPayload || s.refPending || s.headerGot > 0 || s.rpos < s.rlen;
         bool graceful = s.gotClose && !midFrame;
         failPath(e, s.path,
                  midFrame ? peerError("connection closed by rank {} in the middle of a frame (truncated)", e.peerRank)
@@ -632,13 +654,12 @@ void TcpDevice::Impl::readStream(Stream& s) {
     }
     // Consume buffered bytes (and finish a chunk completed by a direct read).
     while (!s.dead) {
-      if (!s.inPayload) {
-        if (s.rpos == s.rlen) break;
-        std::size_t take = std::min(kFrameHeaderBytes - s.headerGot, s.rlen - s.rpos);
-        std::memcpy(s.header + s.headerGot, s.rbuf.get() + s.rpos, take);
-        s.headerGot += take;
-        s.rpos += take;
-        if (s.headerGot < kFrameHeaderBytes) break;
+      if (s.refPending) {
+        if (!s.takeBuffered(s.refIn, &s.refGot, kDirectRefBytes)) break;
+        s.refPending = false;
+        if (!readDirectChunk(s)) return;
+      } else if (!s.inPayload) {
+        if (!s.takeBuffered(s.header, &s.headerGot, kFrameHeaderBytes)) break;
         s.headerGot = 0;
         auto h = decodeFrameHeader(std::span<const std::uint8_t>(s.header, kFrameHeaderBytes));
         if (!h) {
@@ -658,6 +679,20 @@ void TcpDevice::Impl::readStream(Stream& s) {
         }
         if (h->type == FrameType::kClose) {
           s.gotClose = true;
+          continue;
+        }
+        if (h->type == FrameType::kDataRef) {
+          if (e.readPid <= 0) {
+            Status st = peerError("rank {} sent a chunk to read from its memory, but this channel does not read it",
+                                  e.peerRank);
+            MLOG_ERROR(kTransport, "{}; closing the connection", st.message());
+            failPath(e, s.path, st, false);
+            return;
+          }
+          s.refHeader = h.value();
+          s.refHeader.type = FrameType::kData;
+          s.refGot = 0;
+          s.refPending = true;
           continue;
         }
         auto t = ch.onDataHeader(h.value(), s.path);
@@ -696,6 +731,34 @@ void TcpDevice::Impl::readStream(Stream& s) {
   }
 }
 
+bool TcpDevice::Impl::readDirectChunk(Stream& s) {
+  ChannelEntry& e = *s.entry;
+  MultipathChannel& ch = *e.channel;
+  auto t = ch.onDataHeader(s.refHeader, s.path);
+  if (!t) {
+    MLOG_ERROR(kTransport, "rank {}: {}", e.peerRank, t.status().message());
+    ch.fail(t.status());
+    failPath(e, s.path, t.status(), false);
+    return false;
+  }
+  s.target = std::move(t.value());
+  // A duplicate of a finished message has no target: its sender may own the buffer again.
+  if (std::uint8_t* p = ch.targetPointer(s.target, 0); p != nullptr && s.target.header.length > 0) {
+    Status st = readDirect(e.readPid, p, wire::load<std::uint64_t>(s.refIn), s.target.header.length);
+    if (!st.isOk()) {
+      st = st.withContext(fmt::format("chunk of message {} from rank {}", s.target.header.seq, e.peerRank));
+      MLOG_ERROR(kTransport, "{}", st.message());
+      ch.fail(st);
+      failPath(e, s.path, st, false);
+      return false;
+    }
+    directReadBytes->add(s.target.header.length);
+  }
+  s.payloadGot = s.target.header.length;
+  s.inPayload = true;
+  return true;
+}
+
 void TcpDevice::Impl::flushStream(Stream& s) {
   ChannelEntry& e = *s.entry;
   MultipathChannel& ch = *e.channel;
@@ -714,10 +777,13 @@ void TcpDevice::Impl::flushStream(Stream& s) {
         s.ctrlUrgent = false;
       }
       if (ch.nextChunk(s.path, &s.chunk)) {
-        s.chunkHeader = encodeFrameHeader(ch.chunkHeader(s.chunk));
+        const FrameHeader h = ch.chunkHeader(s.chunk);
+        s.chunkHeader = encodeFrameHeader(h);
         s.writing = true;
         s.written = 0;
-        s.frameBytes = kFrameHeaderBytes + ch.chunkHeader(s.chunk).length;
+        s.writingRef = h.type == FrameType::kDataRef;
+        if (s.writingRef) wire::store<std::uint64_t>(s.refOut, ch.chunkAddress(s.chunk));
+        s.frameBytes = kFrameHeaderBytes + (s.writingRef ? kDirectRefBytes : h.length);
       } else if (ctrlPending && !s.ctrlUrgent && s.ctrl.size() - s.ctrlDone < kAckBatchBytes &&
                  nowUs() - s.ctrlSinceUs < kAckDelayUs) {
         // Acks of small messages wait briefly for company (data or more acks): their
@@ -738,9 +804,13 @@ void TcpDevice::Impl::flushStream(Stream& s) {
       }
       std::uint64_t payloadDone = s.written > kFrameHeaderBytes ? s.written - kFrameHeaderBytes : 0;
       if (payloadDone < s.frameBytes - kFrameHeaderBytes) {
-        std::size_t n = 0;
-        const std::uint8_t* p = ch.chunkPayload(s.chunk, payloadDone, &n);
-        iov[iovcnt++] = {const_cast<std::uint8_t*>(p), n};
+        if (s.writingRef) {
+          iov[iovcnt++] = {s.refOut + payloadDone, kDirectRefBytes - payloadDone};
+        } else {
+          std::size_t n = 0;
+          const std::uint8_t* p = ch.chunkPayload(s.chunk, payloadDone, &n);
+          iov[iovcnt++] = {const_cast<std::uint8_t*>(p), n};
+        }
       }
     }
     if (iovcnt == 0) break;
@@ -1039,6 +1109,10 @@ Result<std::unique_ptr<TcpDevice>> TcpDevice::create(DeviceOptions options) {
   impl->relayedBytes = &MetricsRegistry::global().counter(
       "meridian_transport_relayed_bytes_total", "Bytes this rank forwarded on relay paths between two other ranks",
       {{"device", impl->options.name}});
+  impl->directReadBytes = &MetricsRegistry::global().counter(
+      "meridian_transport_direct_read_bytes_total",
+      "Message bytes this rank read straight from the memory of peers on its host (MERIDIAN_DIRECT_READ)",
+      {{"device", impl->options.name}});
   impl->epfd.reset(::epoll_create1(EPOLL_CLOEXEC));
   impl->waker->fd.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!impl->epfd.valid() || !impl->waker->fd.valid()) return internalError("epoll/eventfd: {}", errnoText(errno));
@@ -1061,7 +1135,8 @@ Result<ChannelPtr> TcpDevice::openChannel(const ChannelSpec& spec, TimePoint dea
   std::size_t nPaths = std::min(d.localIps.size(), spec.peerAddresses.size());
   std::vector<PathEndpoints> endpoints;
   for (std::size_t p = 0; p < nPaths; ++p) endpoints.push_back({d.listenAddrs[p], spec.peerAddresses[p]});
-  auto entry = d.makeEntry(spec.sessionId, spec.peerRank, std::move(endpoints), spec.peerAddresses);
+  auto entry = d.makeEntry(spec.sessionId, spec.peerRank, std::move(endpoints), spec.peerAddresses, spec.peerReadsDirect);
+  entry->readPid = spec.readPeerPid;
   ChannelEntry* e = entry.get();
 
   if (spec.initiate) {
@@ -1103,7 +1178,7 @@ Result<ChannelPtr> TcpDevice::openChannel(const ChannelSpec& spec, TimePoint dea
 
 std::unique_ptr<ChannelEntry> TcpDevice::Impl::makeEntry(std::uint64_t sessionId, int peerRank,
                                                         std::vector<PathEndpoints> endpoints,
-                                                        std::vector<std::string> peerAddresses) {
+                                                        std::vector<std::string> peerAddresses, bool peerReadsDirect) {
   auto entry = std::make_unique<ChannelEntry>();
   entry->sessionId = sessionId;
   entry->peerRank = peerRank;
@@ -1113,6 +1188,7 @@ std::unique_ptr<ChannelEntry> TcpDevice::Impl::makeEntry(std::uint64_t sessionId
   entry->streams.resize(endpoints.size());
   entry->expectedStreams.assign(endpoints.size(), 0);
   MultipathConfig config = channelConfig();
+  config.peerReadsDirect = peerReadsDirect;
   if (options.labelPeersByHost && !endpoints.empty()) {
     auto hp = parseHostPort(endpoints.front().remoteAddress);
     config.peerLabel = hp ? hp->host : endpoints.front().remoteAddress;

@@ -61,7 +61,11 @@ struct ChannelSpec {
   int peerRank = 0;
   bool initiate = false;                    // connect (true) or wait for the peer (false)
   std::vector<std::string> peerAddresses;   // the peer's listenAddresses(), on both sides: the
-                                            // initiator connects to them; both use their count
+                                            // initiator connects to them; both use their count  // Same-host direct reads (direct_read.h), both settled at set-up: the pid this side reads
+  // the peer's kDataRef chunks from (0: it never sends any; one arriving fails the path),
+  // and whether the peer reads this side's large messages itself.
+  std::int64_t readPeerPid = 0;
+  bool peerReadsDirect = false;
 };
 
 class TcpDevice {
