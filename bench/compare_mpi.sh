@@ -5,6 +5,8 @@
 # in turn ROUNDS times (default 5), and the tables give each one's median busbw per size
 # (and its range); the 8-byte latency is the median of ROUNDS runs of 2000 iterations
 # each, alternated the same way. Writes bench/results/allreduce-vs-openmpi-<ranks>ranks.md.
+# Both sides stay on loopback TCP: Meridian runs with MERIDIAN_DIRECT_READ=off (its same-host
+# direct reads are to OpenMPI's vader/CMA what the sockets are to the TCP BTL).
 #
 # Usage: [ROUNDS=5] bench/compare_mpi.sh [BUILD_DIR] [RANKS ...]      (defaults: build, 2 4)
 set -euo pipefail
@@ -32,7 +34,7 @@ contender() {
   case $name in
     mpi-default) "${mpi[@]}" -np "$n" "$build/bench/mpi-coll-bench" --ops all_reduce "$@" --label "tcp btl, default" ;;
     mpi-ring) "${mpi[@]}" -np "$n" "${ring[@]}" "$build/bench/mpi-coll-bench" --ops all_reduce "$@" --label "tcp btl, ring" ;;
-    meridian) "$build/bench/meridian-bench" --ranks "$n" --ops all_reduce "$@" ;;
+    meridian) MERIDIAN_DIRECT_READ=off "$build/bench/meridian-bench" --ranks "$n" --ops all_reduce "$@" ;;
   esac
 }
 names=(mpi-default mpi-ring meridian)
@@ -92,7 +94,7 @@ for n in "${ranks[@]}"; do
     echo "# = $rounds rounds, each running in turn:"
     echo "#   ${mpi[*]} -np $n mpi-coll-bench --ops all_reduce ${sizes[*]}"
     echo "#   the same with ${ring[*]}"
-    echo "#   meridian-bench --ranks $n --ops all_reduce ${sizes[*]}"
+    echo "#   MERIDIAN_DIRECT_READ=off meridian-bench --ranks $n --ops all_reduce ${sizes[*]}"
     echo "#   and each of the three again with ${lat[*]} (latency)"
     echo '```'
     echo

@@ -189,8 +189,11 @@ void GradientSync::launcherLoop() {
   }
 }
 
-Status GradientSync::finish() {
-  if (comm_ == nullptr) return Status();
+Status GradientSync::finish(const RangeFn& averaged) {
+  if (comm_ == nullptr) {
+    if (averaged) averaged(0, model_.paramCount());
+    return Status();
+  }
   // Backward is over: every bucket has been started (the callback ran for layer 0).
   if (next_ != buckets_.size()) onLayerDone(0);
   next_ = 0;
@@ -222,6 +225,7 @@ Status GradientSync::finish() {
     } else if (!hostResident()) {
       backend_.stageToDevice(grads, static_cast<float*>(host_) + bucket.begin, count * 4);
     }
+    if (averaged) averaged(bucket.begin, bucket.end);
   }
   return first;
 }

@@ -6,8 +6,10 @@
 // runs while backward continues. With a CPU backend the bucket is reduced in place (f32)
 // or through a bf16 copy; with a GPU backend it is staged through page-locked host memory
 // on the backend's copy stream, ordered by events, and a launcher thread starts the
-// allreduce as soon as the copy landed. finish() waits for every bucket and writes the
-// averages back into the gradients.
+// allreduce as soon as the copy landed. finish() waits for the buckets in the order they
+// started, writes each average back into the gradients and hands its range to the caller
+// at once, so the optimizer steps the layers already averaged while the last buckets (the
+// first layers, produced last) are still on the wire.
 //
 // OuterSync (--sync diloco, and across regions for --sync hybrid): every H steps the
 // pseudo-gradient (anchor - params) is averaged and an outer Nesterov-momentum step moves
@@ -19,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -103,9 +106,12 @@ class GradientSync {
   const std::vector<Bucket>& buckets() const { return buckets_; }
   // Pass to Mlp::forwardBackward: starts every bucket that `layer` completed.
   void onLayerDone(int layer);
-  // Waits for every bucket (the exposed communication) and leaves the averaged gradients
-  // in the model. A failed allreduce is returned (the communicator is broken then).
-  Status finish();
+  // Waits for every bucket and leaves the averaged gradients in the model; `averaged` (when
+  // given) runs for each bucket's range [begin, end) of the flat buffer as soon as it is
+  // averaged, in bucket order (with no peers: once, for the whole buffer). A failed
+  // allreduce is returned (the communicator is broken then) and stops the calls.
+  using RangeFn = std::function<void(std::size_t begin, std::size_t end)>;
+  Status finish(const RangeFn& averaged = {});
   // Bytes this rank put on the wire per step as payload (bucket bytes in the wire format).
   std::size_t payloadBytesPerStep() const;
 

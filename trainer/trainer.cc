@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/check.h"
 #include "core/log.h"
 #include "core/metrics.h"
 #include "trainer/checkpoint.h"
@@ -89,9 +90,20 @@ class Optimizer {
   Optimizer& operator=(const Optimizer&) = delete;
 
   void step(float* w, const float* g) {
-    ++steps_;
-    if (kind_ == OptimizerKind::kSgd) backend_.sgdStep(w, g, first_, n_, sgd_);
-    else backend_.adamwStep(w, g, first_, second_, n_, adam_, steps_);
+    beginStep();
+    stepRange(w, g, 0, n_);
+  }
+  // One step in pieces: beginStep, then stepRange over ranges that cover [0, n) once each
+  // (in any order; every update is per element, so the result is the same as step()).
+  void beginStep() { ++steps_; }
+  void stepRange(float* w, const float* g, std::size_t begin, std::size_t end) {
+    MERIDIAN_CHECK(begin <= end && end <= n_);
+    const std::size_t n = end - begin;
+    if (kind_ == OptimizerKind::kSgd) {
+      backend_.sgdStep(w + begin, g + begin, first_ + begin, n, sgd_);
+    } else {
+      backend_.adamwStep(w + begin, g + begin, first_ + begin, second_ + begin, n, adam_, steps_);
+    }
   }
   OptimizerKind kind() const { return kind_; }
   float* first() { return first_; }
@@ -479,15 +491,24 @@ Result<TrainSummary> Run::go() {
     }
     double compute = secondsSince(t0);
     double comm = 0;
+    // The optimizer steps each bucket as soon as it is averaged (DDP), overlapping the
+    // buckets still on the wire; its time counts as compute, the rest of the wait as comm.
+    double optimizerSec = 0;
+    opt_->beginStep();
+    auto stepRange = [&](std::size_t begin, std::size_t end) {
+      const auto to = Clock::now();
+      opt_->stepRange(model_->params(), model_->grads(), begin, end);
+      optimizerSec += secondsSince(to);
+    };
     if (gradSync_) {
       const auto tw = Clock::now();
-      MERIDIAN_RETURN_IF_ERROR(gradSync_->finish());
-      comm += secondsSince(tw);
+      MERIDIAN_RETURN_IF_ERROR(gradSync_->finish(stepRange));
+      comm += std::max(0.0, secondsSince(tw) - optimizerSec);
       payload += gradSync_->payloadBytesPerStep();
+    } else {
+      stepRange(0, model_->paramCount());
     }
-    const auto to = Clock::now();
-    opt_->step(model_->params(), model_->grads());
-    compute += secondsSince(to);
+    compute += optimizerSec;
     ++step;
     if (outerSync_ && (step % cfg_.innerSteps == 0 || step == totalSteps)) {
       const auto ts = Clock::now();

@@ -127,6 +127,59 @@ TEST(Buckets, CoverTheGradientsInBackwardOrder) {
   EXPECT_EQ(one[0].lastLayer, 0);
 }
 
+// A one-rank "group" whose allreduces finish when waited for (the average of one is itself).
+class LoneComm final : public SyncComm {
+ public:
+  class Done final : public Pending {
+   public:
+    explicit Done(int* waits) : waits_(waits) {}
+    Status wait() override {
+      ++*waits_;
+      return Status();
+    }
+
+   private:
+    int* waits_;
+  };
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::unique_ptr<Pending> allreduceAsync(void*, std::size_t, kernels::DataType, kernels::ReduceOp) override {
+    return std::make_unique<Done>(&waits);
+  }
+  Status allreduce(void*, std::size_t, kernels::DataType, kernels::ReduceOp) override { return Status(); }
+  Status allgather(const void*, void*, std::size_t, kernels::DataType) override { return Status(); }
+  Status barrier() override { return Status(); }
+  int waits = 0;
+};
+
+TEST(GradientSyncTest, HandsEachBucketToTheOptimizerOnceAveragedInBucketOrder) {
+  auto backend = kernels::makeCpuBackend(1);
+  ModelConfig cfg;
+  cfg.widths = {100, 50, 30, 10};
+  Mlp model(*backend, cfg, 1, 1);
+  LoneComm comm;
+  GradientSync sync(*backend, &comm, model, 4096, Wire::kF32);
+  ASSERT_GT(sync.buckets().size(), 2u);
+  std::vector<std::pair<std::size_t, std::size_t>> seen;
+  for (int layer = model.layers() - 1; layer >= 0; --layer) sync.onLayerDone(layer);
+  ASSERT_TRUE(sync.finish([&](std::size_t b, std::size_t e) {
+    // Handed over only after its own allreduce was waited for.
+    EXPECT_EQ(comm.waits, static_cast<int>(seen.size()) + 1);
+    seen.emplace_back(b, e);
+  }).isOk());
+  ASSERT_EQ(seen.size(), sync.buckets().size());
+  for (std::size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ(seen[i].first, sync.buckets()[i].begin);
+    EXPECT_EQ(seen[i].second, sync.buckets()[i].end);
+  }
+  // Without peers there is nothing to wait for: the whole buffer at once.
+  GradientSync alone(*backend, nullptr, model, 4096, Wire::kF32);
+  seen.clear();
+  ASSERT_TRUE(alone.finish([&](std::size_t b, std::size_t e) { seen.emplace_back(b, e); }).isOk());
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0], std::make_pair(std::size_t{0}, model.paramCount()));
+}
+
 TEST(Int8Wire, RoundTripWithinHalfAStepPerBlock) {
   std::mt19937 rng(9);
   std::normal_distribution<float> normal(0.0f, 1.0f);
