@@ -1,25 +1,17 @@
 // Same-host direct reads: the offer codec and its bounds, who may read whom (a forked
-// process), and channels whose large messages travel by address (two devices in one
-// process reading each other through their own pid), including a peer that sends by
-// address to a channel that never agreed to read it.
+// process) and the DATA-REF frame's bounds. Channels that move messages by address are
+// tested with the other channel tests (tcp_channel_test.cc, DirectRead*).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <random>
 #include <string>
-#include <thread>
 
-#include "core/metrics.h"
 #include "transport/frame.h"
 #include "transport/tcp/direct_read.h"
-#include "transport/tcp/tcp_device.h"
 
 namespace meridian::transport::tcp {
 namespace {
-
-constexpr auto kTimeout = std::chrono::seconds(60);
 
 std::span<const std::uint8_t> bytesOf(const std::string& s) {
   return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
@@ -99,115 +91,6 @@ TEST(DirectReadOfferTest, ReadsAnotherProcessOnThisHostOnlyWithItsCookie) {
   int status = 0;
   ::waitpid(child, &status, 0);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-}
-
-struct Pair {
-  std::unique_ptr<TcpDevice> a, b;
-  ChannelPtr ab, ba;
-};
-
-// Devices "dra" and "drb" (one path, two streams): `aReadsB` / `bReadsA` say which side reads
-// the other's memory (here the same process, through its own pid).
-Pair connect(bool aReadsB, bool bReadsA, bool aSendsByAddress, bool bSendsByAddress) {
-  Pair p;
-  DeviceOptions o;
-  o.localAddresses = {"127.0.0.1"};
-  o.streamsPerPath = 2;
-  o.secret = "test-secret";
-  o.name = "dra";
-  auto a = TcpDevice::create(o);
-  o.name = "drb";
-  auto b = TcpDevice::create(o);
-  EXPECT_TRUE(a.isOk() && b.isOk());
-  p.a = std::move(a.value());
-  p.b = std::move(b.value());
-  const std::uint64_t session = 0xd12ec7;
-  auto deadline = Clock::now() + kTimeout;
-  Result<ChannelPtr> ba = internalError("not run");
-  std::thread acceptor([&] {
-    ChannelSpec spec{session, 1, 0, false, p.a->listenAddresses()};
-    spec.readPeerPid = bReadsA ? ::getpid() : 0;
-    spec.peerReadsDirect = bSendsByAddress;
-    ba = p.b->openChannel(spec, deadline);
-  });
-  ChannelSpec spec{session, 0, 1, true, p.b->listenAddresses()};
-  spec.readPeerPid = aReadsB ? ::getpid() : 0;
-  spec.peerReadsDirect = aSendsByAddress;
-  auto ab = p.a->openChannel(spec, deadline);
-  acceptor.join();
-  EXPECT_TRUE(ab.isOk()) << ab.status().toString();
-  EXPECT_TRUE(ba.isOk()) << ba.status().toString();
-  p.ab = ab.value();
-  p.ba = ba.value();
-  return p;
-}
-
-Counter& directReadBytes(const std::string& device) {
-  return MetricsRegistry::global().counter("meridian_transport_direct_read_bytes_total", "", {{"device", device}});
-}
-
-std::vector<std::uint8_t> pattern(std::size_t n, std::uint32_t seed) {
-  std::vector<std::uint8_t> v(n);
-  std::mt19937 rng(seed);
-  for (auto& x : v) x = static_cast<std::uint8_t>(rng());
-  return v;
-}
-
-TEST(DirectReadChannelTest, LargeMessagesTravelByAddressSmallOnesInline) {
-  Pair p = connect(true, true, true, true);
-  Counter& readByB = directReadBytes("drb");
-  Counter& readByA = directReadBytes("dra");
-  const std::uint64_t before = readByB.value();
-  const std::uint64_t beforeA = readByA.value();
-  for (std::size_t bytes : {std::size_t{0}, std::size_t{1000}, std::size_t{64 * 1024 + 1}, std::size_t{3u << 20}, std::size_t{(5u << 20) + 7}}) {
-    auto data = pattern(bytes, static_cast<std::uint32_t>(bytes));
-    std::vector<std::uint8_t> out(bytes + 16, 0xee);
-    auto r = p.ba->irecv(out.data(), out.size(), 7);
-    auto s = p.ab->isend(data.data(), data.size(), 7);
-    ASSERT_TRUE(r.isOk() && s.isOk());
-    auto deadline = Clock::now() + kTimeout;
-    ASSERT_TRUE((*s)->wait(deadline).isOk()) << (*s)->status().toString();
-    ASSERT_TRUE((*r)->wait(deadline).isOk()) << (*r)->status().toString();
-    EXPECT_EQ((*r)->bytes(), bytes);
-    EXPECT_TRUE(std::equal(data.begin(), data.end(), out.begin())) << bytes << " bytes";
-    EXPECT_EQ(out[bytes], 0xee) << "wrote past the message";
-  }
-  // Everything above the eager bound was read from the sender's memory, nothing else.
-  EXPECT_EQ(readByB.value() - before, (64u * 1024 + 1) + (3u << 20) + (5u << 20) + 7);
-  EXPECT_EQ(readByA.value(), beforeA);
-  // The path still counts what it carried, as routing and the metrics expect.
-  EXPECT_GE(p.ab->pathStats().at(0).bytesSent, (8u << 20));
-}
-
-TEST(DirectReadChannelTest, AMessageSentBeforeItsReceiveIsReadIntoABufferAndDelivered) {
-  Pair p = connect(true, true, true, true);
-  auto data = pattern(2u << 20, 3);
-  auto s = p.ab->isend(data.data(), data.size(), 9);
-  ASSERT_TRUE(s.isOk());
-  auto deadline = Clock::now() + kTimeout;
-  ASSERT_TRUE((*s)->wait(deadline).isOk()) << "an unexpected message is read (and acknowledged) at once";
-  std::fill(data.begin(), data.end(), 0);  // the sender owns its buffer again
-  std::vector<std::uint8_t> out(2u << 20);
-  auto r = p.ba->irecv(out.data(), out.size(), 9);
-  ASSERT_TRUE(r.isOk());
-  ASSERT_TRUE((*r)->wait(deadline).isOk());
-  EXPECT_EQ(out, pattern(2u << 20, 3));
-}
-
-TEST(DirectReadChannelTest, AnAddressSentToAChannelThatDoesNotReadFailsCleanly) {
-  // a sends by address, but b never agreed to read a's memory.
-  Pair p = connect(false, false, true, false);
-  auto data = pattern(1u << 20, 5);
-  std::vector<std::uint8_t> out(1u << 20);
-  auto r = p.ba->irecv(out.data(), out.size(), 1);
-  auto s = p.ab->isend(data.data(), data.size(), 1);
-  ASSERT_TRUE(r.isOk() && s.isOk());
-  auto deadline = Clock::now() + kTimeout;
-  Status rs = (*r)->wait(deadline);
-  EXPECT_FALSE(rs.isOk());
-  EXPECT_NE(rs.code(), StatusCode::kTimeout);
-  EXPECT_FALSE((*s)->wait(deadline).isOk());
-  EXPECT_FALSE(p.ba->health().isOk());
 }
 
 TEST(DirectReadFrameTest, TheReferenceFrameDecodesAndItsBoundsHold) {

@@ -1,9 +1,11 @@
 // Multipath TCP channels between two devices in one process, over loopback: sizes,
 // FIFO matching per tag across paths, unexpected messages, failover and clean errors.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -26,7 +28,9 @@ struct Pair {
 };
 
 // Two devices with `paths` loopback paths each (127.0.0.1, 127.0.0.2, ...).
-Pair connect(int paths, int streams, std::size_t chunkBytes = 0, int stallMs = 0, bool adaptive = true) {
+// `specs` (when given) adjusts a's and b's channel specs before they open.
+Pair connect(int paths, int streams, std::size_t chunkBytes = 0, int stallMs = 0, bool adaptive = true,
+             const std::function<void(ChannelSpec& a, ChannelSpec& b)>& specs = {}) {
   Pair p;
   DeviceOptions o;
   o.adaptive = adaptive;
@@ -45,11 +49,12 @@ Pair connect(int paths, int streams, std::size_t chunkBytes = 0, int stallMs = 0
   p.a = std::move(a.value());
   p.b = std::move(b.value());
   auto deadline = Clock::now() + kTimeout;
+  ChannelSpec specA{p.session, 0, 1, true, p.b->listenAddresses()};
+  ChannelSpec specB{p.session, 1, 0, false, p.a->listenAddresses()};
+  if (specs) specs(specA, specB);
   Result<ChannelPtr> ba = internalError("not run");
-  std::thread acceptor([&] {
-    ba = p.b->openChannel({p.session, 1, 0, false, p.a->listenAddresses()}, deadline);
-  });
-  auto ab = p.a->openChannel({p.session, 0, 1, true, p.b->listenAddresses()}, deadline);
+  std::thread acceptor([&] { ba = p.b->openChannel(specB, deadline); });
+  auto ab = p.a->openChannel(specA, deadline);
   acceptor.join();
   EXPECT_TRUE(ab.isOk()) << ab.status().toString();
   EXPECT_TRUE(ba.isOk()) << ba.status().toString();
@@ -353,6 +358,78 @@ TEST(TcpChannelTest, RefusesBadArguments) {
   EXPECT_EQ(d->openChannel({1, 0, 0, true, d->listenAddresses()}, Clock::now()).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(d->openChannel({1, 0, 1, true, {}}, Clock::now()).status().code(), StatusCode::kInvalidArgument);
+}
+
+// One path, two streams; `aReadsB` / `bReadsA`: that side reads the other's memory (here the
+// same process, through its own pid); `*SendsByAddress`: that side's large messages go by address.
+Pair connectDirect(bool aReadsB, bool bReadsA, bool aSendsByAddress, bool bSendsByAddress) {
+  return connect(1, 2, 0, 0, true, [&](ChannelSpec& a, ChannelSpec& b) {
+    a.readPeerPid = aReadsB ? ::getpid() : 0;
+    a.peerReadsDirect = aSendsByAddress;
+    b.readPeerPid = bReadsA ? ::getpid() : 0;
+    b.peerReadsDirect = bSendsByAddress;
+  });
+}
+
+Counter& directReadBytes(const std::string& device) {
+  return MetricsRegistry::global().counter("meridian_transport_direct_read_bytes_total", "", {{"device", device}});
+}
+
+TEST(DirectReadChannelTest, LargeMessagesTravelByAddressSmallOnesInline) {
+  Pair p = connectDirect(true, true, true, true);
+  Counter& readByB = directReadBytes("b");
+  Counter& readByA = directReadBytes("a");
+  const std::uint64_t before = readByB.value();
+  const std::uint64_t beforeA = readByA.value();
+  for (std::size_t bytes : {std::size_t{0}, std::size_t{1000}, std::size_t{64 * 1024 + 1}, std::size_t{3u << 20}, std::size_t{(5u << 20) + 7}}) {
+    auto data = pattern(bytes, static_cast<std::uint32_t>(bytes));
+    std::vector<std::uint8_t> out(bytes + 16, 0xee);
+    auto r = p.ba->irecv(out.data(), out.size(), 7);
+    auto s = p.ab->isend(data.data(), data.size(), 7);
+    ASSERT_TRUE(r.isOk() && s.isOk());
+    auto deadline = Clock::now() + kTimeout;
+    ASSERT_TRUE((*s)->wait(deadline).isOk()) << (*s)->status().toString();
+    ASSERT_TRUE((*r)->wait(deadline).isOk()) << (*r)->status().toString();
+    EXPECT_EQ((*r)->bytes(), bytes);
+    EXPECT_TRUE(std::equal(data.begin(), data.end(), out.begin())) << bytes << " bytes";
+    EXPECT_EQ(out[bytes], 0xee) << "wrote past the message";
+  }
+  // Everything above the eager bound was read from the sender's memory, nothing else.
+  EXPECT_EQ(readByB.value() - before, (64u * 1024 + 1) + (3u << 20) + (5u << 20) + 7);
+  EXPECT_EQ(readByA.value(), beforeA);
+  // The path still counts what it carried, as routing and the metrics expect.
+  EXPECT_GE(p.ab->pathStats().at(0).bytesSent, (8u << 20));
+}
+
+TEST(DirectReadChannelTest, AMessageSentBeforeItsReceiveIsReadIntoABufferAndDelivered) {
+  Pair p = connectDirect(true, true, true, true);
+  auto data = pattern(2u << 20, 3);
+  auto s = p.ab->isend(data.data(), data.size(), 9);
+  ASSERT_TRUE(s.isOk());
+  auto deadline = Clock::now() + kTimeout;
+  ASSERT_TRUE((*s)->wait(deadline).isOk()) << "an unexpected message is read (and acknowledged) at once";
+  std::fill(data.begin(), data.end(), 0);  // the sender owns its buffer again
+  std::vector<std::uint8_t> out(2u << 20);
+  auto r = p.ba->irecv(out.data(), out.size(), 9);
+  ASSERT_TRUE(r.isOk());
+  ASSERT_TRUE((*r)->wait(deadline).isOk());
+  EXPECT_EQ(out, pattern(2u << 20, 3));
+}
+
+TEST(DirectReadChannelTest, AnAddressSentToAChannelThatDoesNotReadFailsCleanly) {
+  // a sends by address, but b never agreed to read a's memory.
+  Pair p = connectDirect(false, false, true, false);
+  auto data = pattern(1u << 20, 5);
+  std::vector<std::uint8_t> out(1u << 20);
+  auto r = p.ba->irecv(out.data(), out.size(), 1);
+  auto s = p.ab->isend(data.data(), data.size(), 1);
+  ASSERT_TRUE(r.isOk() && s.isOk());
+  auto deadline = Clock::now() + kTimeout;
+  Status rs = (*r)->wait(deadline);
+  EXPECT_FALSE(rs.isOk());
+  EXPECT_NE(rs.code(), StatusCode::kTimeout);
+  EXPECT_FALSE((*s)->wait(deadline).isOk());
+  EXPECT_FALSE(p.ba->health().isOk());
 }
 
 }  // namespace
