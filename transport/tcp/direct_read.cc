@@ -6,8 +6,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <array>
+#include <cerrno>
 #include <charconv>
 #include <cstring>
 #include <fstream>
@@ -53,7 +53,8 @@ std::string localHostKey() {
   std::string boot;
   std::ifstream f("/proc/sys/kernel/random/boot_id");
   std::getline(f, boot);
-  return fmt::format("{}/{}/{}/{}", boot.empty() ? std::string_view("?") : std::string_view(boot), static_cast<unsigned>(::getuid()), namespaceId("/proc/self/ns/net"),
+  const std::string_view bootId = boot.empty() ? std::string_view("?") : std::string_view(boot);
+  return fmt::format("{}/{}/{}/{}", bootId, static_cast<unsigned>(::getuid()), namespaceId("/proc/self/ns/net"),
                      namespaceId("/proc/self/ns/pid"));
 }
 
@@ -71,7 +72,9 @@ std::string encodeDirectReadOffer(const DirectReadOffer& o) {
 }
 
 Result<DirectReadOffer> decodeDirectReadOffer(std::span<const std::uint8_t> bytes) {
-  if (bytes.size() > kMaxOfferBytes) return peerError("direct-read offer of {} bytes (at most {})", bytes.size(), kMaxOfferBytes);
+  if (bytes.size() > kMaxOfferBytes) {
+    return peerError("direct-read offer of {} bytes (at most {})", bytes.size(), kMaxOfferBytes);
+  }
   std::string_view s(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   std::vector<std::string_view> parts;
   while (!s.empty() && parts.size() < 6) {

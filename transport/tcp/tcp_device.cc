@@ -22,8 +22,8 @@
 #include "core/fd.h"
 #include "core/knobs.h"
 #include "core/log.h"
-#include "transport/multipath/multipath_channel.h"
 #include "core/wire.h"
+#include "transport/multipath/multipath_channel.h"
 #include "transport/tcp/direct_read.h"
 #include "transport/tcp/handshake.h"
 #include "transport/tcp/socket.h"
@@ -282,9 +282,14 @@ struct TcpDevice::Impl {
   void sayGoodbye(Stream& s);
   void attachStream(ChannelEntry& e, UniqueFd fd, std::size_t path);
   void readStream(Stream& s);
+  // A chunk's header (kData, or a kDataRef's once its address arrived) is in: finds its
+  // target and starts the payload. False when it failed the channel and the path.
+  bool beginChunk(Stream& s, const FrameHeader& h);
   // The address of a kDataRef chunk has arrived: reads the chunk from the peer's memory into
-  // its target. False when it failed the path.
+  // its target. False when it failed the channel and the path.
   bool readDirectChunk(Stream& s);
+  // The peer broke the protocol on this path: the channel fails, and the path with it.
+  void failChannel(ChannelEntry& e, std::size_t path, const Status& why);
   void flushStream(Stream& s);
   void failPath(ChannelEntry& e, std::size_t path, const Status& why, bool graceful);
   // Closes one stream now (no goodbye) and forgets its fd and any frame in progress.
@@ -695,16 +700,7 @@ void TcpDevice::Impl::readStream(Stream& s) {
           s.refPending = true;
           continue;
         }
-        auto t = ch.onDataHeader(h.value(), s.path);
-        if (!t) {
-          MLOG_ERROR(kTransport, "rank {}: {}", e.peerRank, t.status().message());
-          ch.fail(t.status());
-          failPath(e, s.path, t.status(), false);
-          return;
-        }
-        s.target = std::move(t.value());
-        s.payloadGot = 0;
-        s.inPayload = true;
+        if (!beginChunk(s, h.value())) return;
       }
       if (s.payloadGot < s.target.header.length) {
         if (s.rpos == s.rlen) break;
@@ -719,8 +715,7 @@ void TcpDevice::Impl::readStream(Stream& s) {
       s.inPayload = false;
       s.target = RecvTarget{};
       if (!ack) {
-        ch.fail(ack.status());
-        failPath(e, s.path, ack.status(), false);
+        failChannel(e, s.path, ack.status());
         return;
       }
       auto bytes = encodeFrameHeader(ack.value());
@@ -731,31 +726,38 @@ void TcpDevice::Impl::readStream(Stream& s) {
   }
 }
 
-bool TcpDevice::Impl::readDirectChunk(Stream& s) {
-  ChannelEntry& e = *s.entry;
-  MultipathChannel& ch = *e.channel;
-  auto t = ch.onDataHeader(s.refHeader, s.path);
+void TcpDevice::Impl::failChannel(ChannelEntry& e, std::size_t path, const Status& why) {
+  MLOG_ERROR(kTransport, "rank {}: {}", e.peerRank, why.message());
+  e.channel->fail(why);
+  failPath(e, path, why, false);
+}
+
+bool TcpDevice::Impl::beginChunk(Stream& s, const FrameHeader& h) {
+  auto t = s.entry->channel->onDataHeader(h, s.path);
   if (!t) {
-    MLOG_ERROR(kTransport, "rank {}: {}", e.peerRank, t.status().message());
-    ch.fail(t.status());
-    failPath(e, s.path, t.status(), false);
+    failChannel(*s.entry, s.path, t.status());
     return false;
   }
   s.target = std::move(t.value());
+  s.payloadGot = 0;
+  s.inPayload = true;
+  return true;
+}
+
+bool TcpDevice::Impl::readDirectChunk(Stream& s) {
+  ChannelEntry& e = *s.entry;
+  MultipathChannel& ch = *e.channel;
+  if (!beginChunk(s, s.refHeader)) return false;
   // A duplicate of a finished message has no target: its sender may own the buffer again.
   if (std::uint8_t* p = ch.targetPointer(s.target, 0); p != nullptr && s.target.header.length > 0) {
     Status st = readDirect(e.readPid, p, wire::load<std::uint64_t>(s.refIn), s.target.header.length);
     if (!st.isOk()) {
-      st = st.withContext(fmt::format("chunk of message {} from rank {}", s.target.header.seq, e.peerRank));
-      MLOG_ERROR(kTransport, "{}", st.message());
-      ch.fail(st);
-      failPath(e, s.path, st, false);
+      failChannel(e, s.path, st.withContext(fmt::format("chunk of message {}", s.target.header.seq)));
       return false;
     }
     directReadBytes->add(s.target.header.length);
   }
-  s.payloadGot = s.target.header.length;
-  s.inPayload = true;
+  s.payloadGot = s.target.header.length;  // the payload is in: the frame completes as a kData one would
   return true;
 }
 
