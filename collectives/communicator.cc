@@ -64,6 +64,7 @@ bool isCollective(Communicator::OpKind k) {
 struct DirectReads {
   std::vector<std::int64_t> readPid;  // [rank]: 0 = not read directly
   std::vector<bool> peerReadsUs;      // [rank]
+  bool everyPair = false;             // every rank reads every other (the same on all ranks)
 };
 
 Result<DirectReads> planDirectReads(Store& store, const std::string& base, int rank, int worldSize, bool enabled,
@@ -87,10 +88,12 @@ Result<DirectReads> planDirectReads(Store& store, const std::string& base, int r
   }
   MERIDIAN_ASSIGN_OR_RETURN(auto reads, storeAllGather(store, base + "/direct-reads", rank, worldSize, asBytes(readable), deadline));
   int sameHost = 0;
+  plan.everyPair = enabled && n > 1;
   for (std::size_t peer = 0; peer < n; ++peer) {
     if (reads[peer].size() != n) {
       return peerError("rank {} published a direct-read mask of {} entries for {} ranks", peer, reads[peer].size(), n);
     }
+    for (std::size_t q = 0; q < n; ++q) plan.everyPair = plan.everyPair && (q == peer || reads[peer][q] == '1');
     plan.peerReadsUs[peer] = enabled && reads[peer][static_cast<std::size_t>(rank)] == '1';
     sameHost += plan.readPid[peer] > 0 ? 1 : 0;
   }
@@ -173,14 +176,15 @@ Result<std::unique_ptr<Communicator>> Communicator::create(Store& store, int ran
   }
   comm->adaptive_ = routingMode == "adaptive";
   comm->algo_ = opts.algo.empty() ? knobString(knobs::kAlgo) : opts.algo;
-  static constexpr std::array<std::pair<std::string_view, AlgoChoice>, 4> kAlgos{
+  static constexpr std::array<std::pair<std::string_view, AlgoChoice>, 5> kAlgos{
       {{"auto", AlgoChoice::kAuto},
        {"ring", AlgoChoice::kRing},
        {"recursive_doubling", AlgoChoice::kRecursiveDoubling},
-       {"hierarchical", AlgoChoice::kHierarchical}}};
+       {"hierarchical", AlgoChoice::kHierarchical},
+       {"direct", AlgoChoice::kDirect}}};
   const auto known = std::find_if(kAlgos.begin(), kAlgos.end(), [&](const auto& a) { return a.first == comm->algo_; });
   if (known == kAlgos.end()) {
-    return invalidArgument("MERIDIAN_ALGO must be auto, ring, recursive_doubling or hierarchical, not '{}'",
+    return invalidArgument("MERIDIAN_ALGO must be auto, ring, recursive_doubling, hierarchical or direct, not '{}'",
                            comm->algo_);
   }
   comm->algoChoice_ = known->second;
@@ -229,6 +233,7 @@ Result<std::unique_ptr<Communicator>> Communicator::create(Store& store, int ran
                                  deadline));
 
   MERIDIAN_ASSIGN_OR_RETURN(DirectReads direct, planDirectReads(store, base, rank, worldSize, directRead == "auto", deadline));
+  comm->allSameHost_ = direct.everyPair;
 
   // Full mesh: connect to every higher rank, then take the lower ranks' connections.
   comm->channels_.resize(static_cast<std::size_t>(worldSize));

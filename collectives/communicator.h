@@ -127,6 +127,10 @@ class Communicator {
   // Each rank's region as its MERIDIAN_REGION names it ("" where unnamed).
   const std::vector<std::string>& regionNames() const { return regionNames_; }
   bool adaptiveRouting() const { return adaptive_; }
+  // Every pair of ranks reads each other's memory directly (they share one host; see
+  // docs/transport.md): allreduces above the small-message threshold then take the direct
+  // exchange when MERIDIAN_ALGO=auto and there are at most 8 ranks.
+  bool allRanksOnOneHost() const { return allSameHost_; }
   // MERIDIAN_ALGO as resolved: "auto" follows the plan in force, anything else pins it.
   const std::string& allreduceAlgorithm() const { return algo_; }
   // The region groups large allreduces run hierarchically over (none: flat).
@@ -251,8 +255,11 @@ class Communicator {
   std::vector<std::string> regionNames_;
   bool adaptive_ = true;
   std::string algo_ = "auto";             // MERIDIAN_ALGO as given
-  enum class AlgoChoice : std::uint8_t { kAuto, kRing, kRecursiveDoubling, kHierarchical };
+  enum class AlgoChoice : std::uint8_t { kAuto, kRing, kRecursiveDoubling, kHierarchical, kDirect };
   AlgoChoice algoChoice_ = AlgoChoice::kAuto;  // algo_, parsed once
+  // Every pair of ranks reads each other directly (one host): auto then runs allreduces
+  // above the small-message threshold as a direct exchange, when there are few ranks.
+  bool allSameHost_ = false;
   std::optional<Hierarchy> hierarchy_;    // ranks grouped by region, when the regions allow
   // Touched only by the thread executing an op (or the destructor after the worker quit).
   RequestTracker opRequests_;                    // the current op's requests

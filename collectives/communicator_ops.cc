@@ -2,6 +2,7 @@
 // by message size, and the op bodies the executor runs (communicator.cc).
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 
 #include "collectives/communicator.h"
@@ -80,8 +81,18 @@ Communicator::Body Communicator::allreduceBody(const void* send, void* recv, std
   const std::size_t bytes = count * kernels::dataTypeSize(dtype);
   const Hierarchy* hier = hierarchy_ ? &*hierarchy_ : nullptr;
   const AlgoChoice algo = algoChoice_;
+  // Ranks that all share a host exchange through memory: the links the planner weighs are
+  // not there, and a direct exchange takes two rounds where a ring takes 2 (n - 1), each
+  // waiting for a neighbour that may be off its core. Every rank knows the same masks.
+  const bool direct = algo == AlgoChoice::kDirect ||
+                      (algo == AlgoChoice::kAuto && allSameHost_ && size_ <= kDirectSameHostMaxRanks && bytes > small);
   return [=](const AlgoContext& ctx, Work&) -> Status {
     if (count == 0) return Status::ok();
+    if (direct) {
+      if (send != recv) std::memcpy(recv, send, bytes);
+      return directAllreduce(ctx, static_cast<std::byte*>(recv), count, wireOp(op),
+                             op == ReduceOp::kAvg ? ctx.size : 0);
+    }
     // Chosen when the op runs: the plan in force is the same on every rank for this op
     // (plan_sync.h); without one, the built-in choice depends only on the size and knobs.
     Status st;

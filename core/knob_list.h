@@ -65,8 +65,9 @@
     "auto: with adaptive routing, a channel adds a relay path through a third rank while its "     \
     "direct link is worse than two hops; off: never (every rank must agree).")                     \
   X(kAlgo, "MERIDIAN_ALGO", String, "auto",                                                        \
-    "Allreduce algorithm: auto (the planner's choice once links are measured), ring, "             \
-    "recursive_doubling or hierarchical (by region).")                                              \
+    "Allreduce algorithm: auto (the direct exchange when at most 8 ranks all share one host, "    \
+    "else the planner's choice once links are measured), ring, recursive_doubling, hierarchical "  \
+    "(by region) or direct (two rounds of all-to-all exchange).")                                   \
   X(kLinkStateIntervalMs, "MERIDIAN_LINK_STATE_INTERVAL_MS", Int, "1000",                          \
     "Period at which every rank sends its row of the link-state table to the others, in "          \
     "milliseconds.")                                                                                \

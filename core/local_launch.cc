@@ -4,13 +4,16 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -213,6 +216,25 @@ int launchLocalRanks(const LocalLaunchOptions& options) {
     if (openOutputs == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return worst;
+}
+
+int usableCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+bool localRanksOutnumberCores() {
+  static const bool value = [] {
+    try {
+      const std::int64_t local = knobInt(knobs::kLocalWorldSize);
+      return local > usableCores();
+    } catch (const ConfigError&) {
+      return false;
+    }
+  }();
+  return value;
 }
 
 std::vector<std::string> relaunchArgv(int argc, char** argv, const std::vector<std::string>& drop) {

@@ -31,6 +31,13 @@ struct LocalLaunchOptions {
   std::vector<std::string> outputPrefixes;
 };
 
+// The cores this process may run on (its CPU affinity mask; at least 1).
+int usableCores();
+// Whether this host runs more local ranks (MERIDIAN_LOCAL_WORLD_SIZE, as every launcher
+// Meridian knows sets it) than usableCores(): ranks then take turns on the cores, and a
+// waiting thread should yield rather than spin. Read once.
+bool localRanksOutnumberCores();
+
 // Returns the worst exit status (0 when every rank succeeded; 128+signal for a signal).
 int launchLocalRanks(const LocalLaunchOptions& options);
 

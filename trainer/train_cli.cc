@@ -1,5 +1,6 @@
 #include "trainer/train_cli.h"
 
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -31,6 +32,7 @@ struct Args {
   std::string jsonPath;
   std::string regions;
   int blasThreads = 1;
+  std::string computeNice = "auto";
 };
 
 std::string human(double bytes) {
@@ -88,13 +90,15 @@ void writeJson(const std::string& path, const TrainConfig& cfg, const TrainSumma
                    {"payload_bytes", s.worldPayloadBytes},
                    {"wire", toString(cfg.wire)},
                    {"inner_steps", cfg.innerSteps},
-                   {"batch", cfg.globalBatch}};
+                   {"batch", cfg.globalBatch},
+                   {"compute_nice", s.computeNice}};
   std::ofstream out(path);
   out << j.dump(2) << "\n";
   if (!out) std::fprintf(stderr, "meridian-train: could not write %s\n", path.c_str());
 }
 
-int runRank(const TrainConfig& cfg, const Args& a, SyncComm* external, const RankHook& onJoined) {
+int runRank(const TrainConfig& given, const Args& a, SyncComm* external, const RankHook& onJoined) {
+  TrainConfig cfg = given;
   // The backend first: a bad --device fails before anyone waits at the store.
   std::unique_ptr<kernels::Backend> backend;
   if (a.device == "cuda" || (a.device == "auto" && kernels::cudaAvailable())) {
@@ -126,6 +130,10 @@ int runRank(const TrainConfig& cfg, const Args& a, SyncComm* external, const Ran
     launch = *info;
   }
   log::setRank(launch.rank);
+  // --compute-nice auto: by the launcher's count of ranks on this host, whichever launcher.
+  if (cfg.computeNice < 0 && launch.localWorldSize > 0) {
+    cfg.computeNice = launch.localWorldSize > usableCores() ? kAutoComputeNice : 0;
+  }
   if (Status st = checkConfig(cfg, launch.worldSize); !st.isOk()) {
     std::fprintf(stderr, "meridian-train rank %d: %s\n", launch.rank, st.message().c_str());
     return 2;
@@ -194,6 +202,9 @@ int trainCli(int argc, char** argv, SyncComm* external, const RankHook& onJoined
   app.add_flag("--stop-at-target", cfg.stopAtTarget, "Stop once an evaluation reached --target-accuracy");
   app.add_option("--json", a.jsonPath, "Write the summary as JSON here (rank 0)");
   app.add_option("--blas-threads", a.blasThreads, "OpenBLAS threads per rank (cpu)");
+  app.add_option("--compute-nice", a.computeNice,
+                 "Nice value of the compute thread, 0..19, so that communication goes first when cores are "
+                 "short; auto: " + std::to_string(kAutoComputeNice) + " when this host runs more ranks than cores, else 0");
   app.add_flag("--quiet", cfg.quiet, "No progress lines");
   CLI11_PARSE(app, argc, argv);
 
@@ -216,6 +227,13 @@ int trainCli(int argc, char** argv, SyncComm* external, const RankHook& onJoined
   auto wire = parseWire(a.wire);
   if (!wire.isOk()) return fail(wire.status());
   cfg.wire = *wire;
+  if (a.computeNice != "auto") {
+    int nice = -1;
+    const auto [end, ec] = std::from_chars(a.computeNice.data(), a.computeNice.data() + a.computeNice.size(), nice);
+    if (ec != std::errc() || end != a.computeNice.data() + a.computeNice.size() || nice < 0 || nice > 19)
+      return fail(invalidArgument("--compute-nice '{}': expected auto or 0..19", a.computeNice));
+    cfg.computeNice = nice;
+  }
 
   try {
     if (a.ranks > 0) {

@@ -1,6 +1,11 @@
 #include "trainer/trainer.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -11,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "core/local_launch.h"
 #include "core/log.h"
 #include "core/metrics.h"
 #include "trainer/checkpoint.h"
@@ -166,6 +172,9 @@ class Run {
 
  private:
   Status setUpSync();
+  // Applies cfg_.computeNice to this thread (after setUpSync: the communicator's threads,
+  // started there, keep the nice value they were born with) and records it in nice_.
+  void lowerComputePriority();
   // Normalised images and labels of `indices` into `model`'s input (rows <= hostRows_).
   void fillBatch(Mlp& model, const Dataset& data, const std::uint32_t* indices, int rows);
   Status evaluate(double* accuracy, double* loss);
@@ -185,6 +194,7 @@ class Run {
 
   const TrainConfig& cfg_;
   const TrainContext& ctx_;
+  int nice_ = 0;  // the compute thread's nice value in force
   kernels::Backend& backend_;
   int rank_ = 0;
   int world_ = 1;
@@ -202,6 +212,24 @@ class Run {
   std::vector<float> hostInput_;
   std::vector<std::int32_t> hostLabels_;
 };
+
+void Run::lowerComputePriority() {
+  const int want = cfg_.computeNice >= 0 ? cfg_.computeNice : (localRanksOutnumberCores() ? kAutoComputeNice : 0);
+  if (want == 0) return;
+  // On Linux a nice value belongs to a thread: this one, the one that computes.
+  const auto tid = static_cast<id_t>(::syscall(SYS_gettid));
+  errno = 0;
+  const int now = ::getpriority(PRIO_PROCESS, tid);
+  if (errno == 0 && now >= want) {
+    nice_ = now;
+    return;
+  }
+  if (::setpriority(PRIO_PROCESS, tid, want) != 0) {
+    MLOG_WARN(kTrainer, "could not lower the compute thread to nice {}: {}", want, std::strerror(errno));
+    return;
+  }
+  nice_ = want;
+}
 
 Status Run::setUpSync() {
   Communicator* world = ctx_.comm;
@@ -435,6 +463,7 @@ Result<TrainSummary> Run::go() {
   const OptimizerKind kind = cfg_.sync == SyncMode::kDiloco ? OptimizerKind::kAdamW : cfg_.optimizer;
   opt_ = std::make_unique<Optimizer>(backend_, kind, model_->paramCount(), cfg_);
   MERIDIAN_RETURN_IF_ERROR(setUpSync());
+  lowerComputePriority();
   Metrics metrics(rank_, cfg_.sync);
 
   std::int64_t step = 0;
@@ -450,12 +479,14 @@ Result<TrainSummary> Run::go() {
     }
   }
   log(fmt::format("meridian-train: {} ranks, sync {}, model {} ({:.2f} M parameters), batch {} ({} per rank), "
-                  "{} steps ({} per epoch), {} on the wire, backend {}",
+                  "{} steps ({} per epoch), {} on the wire, backend {}{}",
                   world_, toString(cfg_.sync), formatWidths(cfg_.model.widths),
                   static_cast<double>(model_->paramCount()) / 1e6, cfg_.globalBatch, b, totalSteps, stepsPerEpoch,
-                  toString(cfg_.wire), backend_.describe()));
+                  toString(cfg_.wire), backend_.describe(),
+                  nice_ > 0 ? fmt::format(", compute at nice {} (communication first)", nice_) : std::string()));
 
   TrainSummary sum;
+  sum.computeNice = nice_;
   // The one-rank baseline: rank 0 alone on the machine while the others wait.
   {
     const std::vector<std::uint32_t> first = epochPermutation(train_.count, cfg_.seed, 0);
@@ -625,6 +656,8 @@ Status checkConfig(const TrainConfig& cfg, int worldSize) {
   if ((cfg.sync == SyncMode::kDdp || cfg.sync == SyncMode::kHybrid) && cfg.wire == Wire::kInt8)
     return invalidArgument("--wire int8 is for the DiLoCo outer step; ddp and hybrid gradients take f32 or bf16");
   if (!(cfg.lr > 0)) return invalidArgument("--lr must be positive (got {})", cfg.lr);
+  if (cfg.computeNice < -1 || cfg.computeNice > 19)
+    return invalidArgument("--compute-nice must be auto or 0..19 (got {})", cfg.computeNice);
   return Status();
 }
 

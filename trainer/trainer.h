@@ -61,7 +61,12 @@ struct TrainConfig {
   double targetAccuracy = 0;  // > 0: report the time the test accuracy first reached it
   bool stopAtTarget = false;  // and stop there (every rank sees the same accuracy)
   bool quiet = false;         // no progress lines
+  // Nice value for the thread that computes (0..19), set once the communicator's threads
+  // run, so that they go first when cores are short (the CPU side of NCCL's high-priority
+  // stream); -1: auto, kAutoComputeNice when this host's ranks outnumber its cores, else 0.
+  int computeNice = -1;
 };
+inline constexpr int kAutoComputeNice = 10;
 
 struct TrainSummary {
   std::int64_t steps = 0;        // steps this run made (after a resume: from the checkpoint)
@@ -85,6 +90,7 @@ struct TrainSummary {
   std::uint64_t worldPayloadBytes = 0;
   int worldSize = 1;
   int regionCount = 0;           // regions known to the routing layer (0: none)
+  int computeNice = 0;           // rank 0's compute thread's nice value (TrainConfig::computeNice)
   std::vector<float> params;     // the final parameters (host copy), for tests and tools
 };
 

@@ -4,24 +4,11 @@
 #include <algorithm>
 #include <thread>
 
-#include "core/knobs.h"
+#include "core/local_launch.h"
 
 namespace meridian::transport {
 
 namespace {
-
-// More local ranks than cores: a waiting rank yields at once instead of spinning briefly.
-bool oversubscribed() {
-  static const bool value = [] {
-    try {
-      std::int64_t local = knobInt(knobs::kLocalWorldSize);
-      return local > 0 && static_cast<unsigned>(local) > std::max(1u, std::thread::hardware_concurrency());
-    } catch (const ConfigError&) {
-      return false;
-    }
-  }();
-  return value;
-}
 
 void cpuRelax() {
   for (int i = 0; i < 64; ++i) {
@@ -70,7 +57,7 @@ Status Request::wait(TimePoint deadline) {
         lastWork = now;
       } else if (now - lastWork > kIdleSpin) {
         break;
-      } else if (oversubscribed() || now - lastWork > std::chrono::microseconds(20)) {
+      } else if (localRanksOutnumberCores() || now - lastWork > std::chrono::microseconds(20)) {
         std::this_thread::yield();  // let other ranks sharing this core run
       } else {
         cpuRelax();

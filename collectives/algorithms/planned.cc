@@ -132,26 +132,26 @@ Status starAllreduce(const AlgoContext& ctx, const void* send, void* recv, std::
   return sends.waitAll();
 }
 
-Status directAllreduce(const AlgoContext& ctx, std::byte* data, std::size_t count, kernels::ReduceOp op) {
+namespace {
+
+// One window of directAllreduce: both rounds over `count` elements at `data`.
+Status directExchange(const AlgoContext& ctx, std::byte* data, std::size_t count, kernels::ReduceOp op,
+                      std::int64_t divisor, std::byte* tmp) {
   const int n = ctx.size;
-  if (n == 1 || count == 0) return Status::ok();
   const std::size_t eb = ctx.elemBytes;
   const BlockSplit pieces{count, n};
   const int r = ctx.rank;
   std::byte* own = data + pieces.offset(r) * eb;
   const std::size_t ownBytes = pieces.size(r) * eb;
   const std::size_t stride = alignUp(pieces.size(0) * eb);
-  std::byte* tmp = ctx.scratch->reserve(static_cast<std::size_t>(n - 1) * stride);
 
   // Round 1: everyone's copy of my piece comes to me; my copies of theirs go to them.
   std::vector<transport::RequestPtr> recvs, sends;
-  std::vector<std::size_t> sizes;
   if (ownBytes > 0) {
     for (int q = 0, slot = 0; q < n; ++q) {
       if (q == r) continue;
       MERIDIAN_ASSIGN_OR_RETURN(auto req, postRecv(ctx, q, tmp + static_cast<std::size_t>(slot++) * stride, ownBytes, 0));
       recvs.push_back(std::move(req));
-      sizes.push_back(ownBytes);
     }
   }
   for (int q = 0; q < n; ++q) {
@@ -159,15 +159,19 @@ Status directAllreduce(const AlgoContext& ctx, std::byte* data, std::size_t coun
     MERIDIAN_ASSIGN_OR_RETURN(auto req, postSend(ctx, q, data + pieces.offset(q) * eb, pieces.size(q) * eb, 0));
     sends.push_back(std::move(req));
   }
-  MERIDIAN_RETURN_IF_ERROR(waitAll(ctx, recvs, sizes, "direct allreduce receive"));
-  for (int slot = 0; slot < n - 1 && ownBytes > 0; ++slot) {
-    kernels::reduceInto(own, tmp + static_cast<std::size_t>(slot) * stride, pieces.size(r), ctx.dtype, op);
+  // Each copy is folded in as soon as it is here, while the later ones still arrive.
+  for (std::size_t slot = 0; slot < recvs.size(); ++slot) {
+    MERIDIAN_RETURN_IF_ERROR(waitRequest(ctx, recvs[slot], ownBytes, "direct allreduce receive"));
+    kernels::reduceInto(own, tmp + slot * stride, pieces.size(r), ctx.dtype, op);
   }
+  recvs.clear();
+  // An average divides once, here, on the piece's owner: 1/n of the buffer, before it is sent.
+  if (divisor > 1 && ownBytes > 0) kernels::divideBy(own, pieces.size(r), ctx.dtype, divisor);
   // The other pieces are overwritten next: their sends must be done with them.
   MERIDIAN_RETURN_IF_ERROR(waitAll(ctx, sends, {}, "direct allreduce send"));
 
   // Round 2: every reduced piece to everyone.
-  sizes.clear();
+  std::vector<std::size_t> sizes;
   for (int q = 0; q < n; ++q) {
     if (q == r || pieces.size(q) == 0) continue;
     MERIDIAN_ASSIGN_OR_RETURN(auto req, postRecv(ctx, q, data + pieces.offset(q) * eb, pieces.size(q) * eb, 1));
@@ -183,6 +187,28 @@ Status directAllreduce(const AlgoContext& ctx, std::byte* data, std::size_t coun
   }
   MERIDIAN_RETURN_IF_ERROR(waitAll(ctx, recvs, sizes, "direct allreduce receive"));
   return waitAll(ctx, sends, {}, "direct allreduce send");
+}
+
+}  // namespace
+
+Status directAllreduce(const AlgoContext& ctx, std::byte* data, std::size_t count, kernels::ReduceOp op,
+                       std::int64_t divisor) {
+  const int n = ctx.size;
+  if (count == 0) return Status::ok();
+  if (n == 1) {
+    if (divisor > 1) kernels::divideBy(data, count, ctx.dtype, divisor);
+    return Status::ok();
+  }
+  const std::size_t eb = ctx.elemBytes;
+  // Windows of at most kDirectWindowBytes, one after the other, so that the scratch for the
+  // (n - 1) incoming pieces stays below that whatever the message size.
+  const std::size_t window = std::max<std::size_t>(static_cast<std::size_t>(n), kDirectWindowBytes / eb);
+  const std::size_t stride = alignUp(BlockSplit{std::min(window, count), n}.size(0) * eb);
+  std::byte* tmp = ctx.scratch->reserve(static_cast<std::size_t>(n - 1) * stride);
+  for (std::size_t at = 0; at < count; at += window) {
+    MERIDIAN_RETURN_IF_ERROR(directExchange(ctx, data + at * eb, std::min(window, count - at), op, divisor, tmp));
+  }
+  return Status::ok();
 }
 
 }  // namespace meridian::collectives

@@ -3,13 +3,16 @@
 // out of place, sync and async, each checked against a serial reference. Most runs use a
 // 4 KiB ring segment so the multi-segment pipelining runs on small data.
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "collectives/algorithms/algorithm.h"
 #include "collectives/communicator.h"
 #include "core/metrics.h"
 #include "kernels/types.h"
@@ -28,6 +31,7 @@ struct HarnessKey {
   int ranks;
   std::size_t segmentBytes;
   std::size_t smallBytes;
+  std::string algo;
   auto operator<=>(const HarnessKey&) const = default;
 };
 
@@ -36,14 +40,16 @@ std::map<HarnessKey, std::unique_ptr<RankHarness>>& harnessCache() {
   return cache;
 }
 
-RankHarness* harnessFor(int ranks, std::size_t segmentBytes = kTinySegmentBytes, std::size_t smallBytes = 0) {
+RankHarness* harnessFor(int ranks, std::size_t segmentBytes = kTinySegmentBytes, std::size_t smallBytes = 0,
+                        const std::string& algo = "") {
   auto& cache = harnessCache();
-  HarnessKey key{ranks, segmentBytes, smallBytes};
+  HarnessKey key{ranks, segmentBytes, smallBytes, algo};
   auto it = cache.find(key);
   if (it != cache.end()) return it->second.get();
   CommOptions opts;
   opts.ringSegmentBytes = segmentBytes;
   opts.smallMessageBytes = smallBytes;
+  opts.algo = algo;
   opts.timeout = std::chrono::seconds(60);
   auto h = RankHarness::start(ranks, opts);
   if (!h.isOk()) {
@@ -91,7 +97,11 @@ const char* countName(CountKind k) {
 
 // ---- Allreduce: ranks x counts x types, every op, in place and out of place -------------
 
-using AllreduceParam = std::tuple<int, CountKind, DataType>;
+// auto: recursive doubling up to the small-message threshold and the planner's choice (or the
+// ring) above it; direct: the direct exchange at every size, which auto picks for ranks in
+// separate processes on one host (process_test.cc; these ranks are threads of one process
+// and talk over the sockets).
+using AllreduceParam = std::tuple<int, CountKind, DataType, std::string>;
 
 class AllreduceTest : public ::testing::TestWithParam<AllreduceParam> {
  public:
@@ -99,9 +109,9 @@ class AllreduceTest : public ::testing::TestWithParam<AllreduceParam> {
 };
 
 TEST_P(AllreduceTest, MatchesSerialReferenceForEveryOp) {
-  const auto [ranks, countKind, type] = GetParam();
+  const auto& [ranks, countKind, type, algo] = GetParam();
   const std::size_t count = countFor(countKind, type);
-  RUN_ON_ALL_RANKS(harnessFor(ranks), [&](int, collectives::Communicator& c) -> std::string {
+  RUN_ON_ALL_RANKS(harnessFor(ranks, kTinySegmentBytes, 0, algo), [&](int, collectives::Communicator& c) -> std::string {
     bool inPlace = false;
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg}) {
       if (auto e = checkAllreduce(c, count, type, op, inPlace); !e.empty()) return e;
@@ -116,10 +126,11 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(1, 2, 3, 7),
                        ::testing::Values(CountKind::kZero, CountKind::kOne, CountKind::kOdd, CountKind::kLarge),
                        ::testing::Values(DataType::kF32, DataType::kF64, DataType::kF16, DataType::kBF16,
-                                         DataType::kI32, DataType::kI64)),
+                                         DataType::kI32, DataType::kI64),
+                       ::testing::Values(std::string("auto"), std::string("direct"))),
     [](const ::testing::TestParamInfo<AllreduceParam>& p) {
-      return fmt::format("r{}_{}_{}", std::get<0>(p.param), countName(std::get<1>(p.param)),
-                         kernels::toString(std::get<2>(p.param)));
+      return fmt::format("r{}_{}_{}_{}", std::get<0>(p.param), countName(std::get<1>(p.param)),
+                         kernels::toString(std::get<2>(p.param)), std::get<3>(p.param));
     });
 
 // ---- The other collectives over a representative subset -----------------------------
@@ -229,6 +240,21 @@ TEST_P(AlgorithmChoiceTest, DefaultSegmentSize) {
     if (auto e = checkAllgather(c, count / c.size(), DataType::kF32, false); !e.empty()) return e;
     return checkBroadcast(c, count, DataType::kF32, 0, false);
   });
+}
+
+TEST_P(AlgorithmChoiceTest, DirectExchangeAcrossWindowsWithEmptyPieces) {
+  // More elements than one 8 MiB window holds (two windows, the second short), and counts
+  // below the rank count, which leave some ranks without a piece.
+  const std::size_t twoWindows = collectives::kDirectWindowBytes / sizeof(float) + 1001;
+  RUN_ON_ALL_RANKS(harnessFor(GetParam(), kTinySegmentBytes, 1, "direct"),
+                   [&](int, collectives::Communicator& c) -> std::string {
+                     if (c.allRanksOnOneHost()) return "threads of one process do not read each other directly";
+                     for (std::size_t count : {std::size_t{1}, std::size_t{2}, std::size_t{1023}, twoWindows}) {
+                       if (auto e = checkAllreduce(c, count, DataType::kF32, ReduceOp::kAvg, false); !e.empty()) return e;
+                       if (auto e = checkAllreduce(c, count, DataType::kI32, ReduceOp::kAvg, true); !e.empty()) return e;
+                     }
+                     return checkAllreduce(c, twoWindows, DataType::kBF16, ReduceOp::kMax, true);
+                   });
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, AlgorithmChoiceTest, ::testing::Values(2, 3, 7),
@@ -424,15 +450,18 @@ TEST_F(CollectivesTest, TheMonitorJudgesTheChannelsDeliveryRateWhileAPathIsBusy)
   ASSERT_TRUE(h.isOk()) << h.status().toString();
   EXPECT_EQ(RankHarness::summarize(h.value()->run([](int, collectives::Communicator& c) -> std::string {
               std::vector<float> buf(std::size_t{8} << 20, 1.0f);  // 32 MiB
-              // Both ranks stop on the same op: when both have judged a rate (or after 40).
-              for (int op = 0; op < 40; ++op) {
+              // Both ranks stop on the same op: when both have judged a rate, or after 15 s
+              // of allreduces (the judge needs a busy stretch of time, however fast the host).
+              const auto giveUp = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+              for (int op = 0;; ++op) {
                 Status st = c.allreduce(buf.data(), buf.data(), buf.size(), DataType::kF32, ReduceOp::kSum);
                 if (!st.isOk()) return "allreduce: " + st.toString();
-                std::int32_t pending = 1;
-                for (const auto& p : c.paths()) pending = p.judgedBytesPerSec > 0 ? 0 : pending;
-                st = c.allreduce(&pending, &pending, 1, DataType::kI32, ReduceOp::kSum);
+                std::int32_t flags[2] = {1, std::chrono::steady_clock::now() > giveUp ? 1 : 0};
+                for (const auto& p : c.paths()) flags[0] = p.judgedBytesPerSec > 0 ? 0 : flags[0];
+                st = c.allreduce(flags, flags, 2, DataType::kI32, ReduceOp::kSum);
                 if (!st.isOk()) return "allreduce of the flags: " + st.toString();
-                if (pending == 0) return std::string();
+                if (flags[0] == 0) return std::string();
+                if (flags[1] > 0) break;
               }
               std::string seen;
               for (const auto& p : c.paths()) {
@@ -441,7 +470,7 @@ TEST_F(CollectivesTest, TheMonitorJudgesTheChannelsDeliveryRateWhileAPathIsBusy)
               for (const auto& s : c.peerPathStats(1 - c.rank())) {
                 seen += fmt::format(" channel {} B sent at {:.0f} B/s;", s.bytesSent, s.rateBytesPerSec);
               }
-              return "no busy path's rate judged after 40 allreduces of 32 MiB:" + seen;
+              return "no busy path's rate judged after 15 s of allreduces of 32 MiB:" + seen;
             })),
             "");
 }

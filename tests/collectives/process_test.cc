@@ -7,10 +7,12 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -48,6 +50,26 @@ int freeLoopbackPort() {
   return port;
 }
 
+// Whether this kernel lets a process read a sibling's memory (process_vm_readv), which is
+// what lets ranks on one host read each other directly: a forked child reads a word of ours.
+bool siblingsReadEachOther() {
+  static std::uint64_t word = 0x6d6572696469616eULL;
+  const pid_t parent = ::getpid();
+  const pid_t child = ::fork();
+  if (child < 0) return false;
+  if (child == 0) {
+    std::uint64_t got = 0;
+    iovec local{&got, sizeof(got)};
+    iovec remote{&word, sizeof(word)};
+    const bool ok = ::process_vm_readv(parent, &local, 1, &remote, 1, 0) == static_cast<ssize_t>(sizeof(got)) &&
+                    got == word;
+    ::_exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
 std::string readFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;
@@ -76,7 +98,7 @@ LaunchResult launchOnce(int worldSize, int port) {
     std::string v(*e);
     if (v.rfind("MERIDIAN_RANK=", 0) == 0 || v.rfind("MERIDIAN_WORLD_SIZE=", 0) == 0 ||
         v.rfind("MERIDIAN_STORE=", 0) == 0 || v.rfind("MERIDIAN_RING_SEGMENT_BYTES=", 0) == 0 ||
-        v.rfind("MERIDIAN_TIMEOUT_MS=", 0) == 0) {
+        v.rfind("MERIDIAN_TIMEOUT_MS=", 0) == 0 || v.rfind("MERIDIAN_DIRECT_READ=", 0) == 0) {
       continue;
     }
     baseEnv.push_back(std::move(v));
@@ -90,6 +112,8 @@ LaunchResult launchOnce(int worldSize, int port) {
     env.push_back(fmt::format("MERIDIAN_STORE=127.0.0.1:{}", port));
     env.push_back("MERIDIAN_RING_SEGMENT_BYTES=4096");
     env.push_back("MERIDIAN_TIMEOUT_MS=60000");
+    // Same host, same user and namespaces: the ranks must find that they read each other.
+    env.push_back(fmt::format("MERIDIAN_TEST_EXPECT_ONE_HOST={}", siblingsReadEachOther() ? 1 : 0));
     std::vector<char*> envp;
     for (auto& s : env) envp.push_back(s.data());
     envp.push_back(nullptr);

@@ -3,9 +3,11 @@
 // checks and exits 0 when all passed, 1 on a failed check, 2 when set-up failed, and
 // kExitStorePortTaken when rank 0 could not bind the store port (the test retries).
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "collectives/algorithms/algorithm.h"
 #include "collectives/communicator.h"
 #include "tests/common/collective_checks.h"
 
@@ -37,6 +39,17 @@ int main() {
       check(checkReduce(c, count, t, ReduceOp::kAvg, 0, true));
     }
   }
+  // Averages over more than one direct-exchange window: ranks on one host that read each
+  // other take the direct exchange (auto); the test may insist that they do.
+  if (const char* expect = std::getenv("MERIDIAN_TEST_EXPECT_ONE_HOST"); expect != nullptr && n > 1) {
+    const bool want = std::string(expect) == "1";
+    if (c.allRanksOnOneHost() != want) {
+      failures.push_back(std::string("all ranks on one host: ") + (want ? "expected, not seen" : "seen, not expected"));
+    }
+  }
+  const std::size_t twoWindows = collectives::kDirectWindowBytes / sizeof(float) + 513;
+  check(checkAllreduce(c, twoWindows, DataType::kF32, ReduceOp::kAvg, false));
+  check(checkAllreduce(c, twoWindows / 2, DataType::kI32, ReduceOp::kAvg, true));
   check(checkAllreduce(c, 1023, DataType::kF16, ReduceOp::kProd, false));
   check(checkAllreduce(c, 4097, DataType::kF64, ReduceOp::kMin, true));
   check(checkBarrier(c, 3));

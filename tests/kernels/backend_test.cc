@@ -374,6 +374,15 @@ TEST_F(CpuBackendTest, AllocReturnsZeroedAlignedMemoryAndStagingRoundTrips) {
     for (std::size_t i = 0; i < bytes; ++i) ASSERT_EQ(bytesP[i], 0) << i;
     backend_->free(p);
   }
+  // From 2 MiB on, whole huge pages: 2 MiB aligned, and zeroed to the last byte.
+  const std::size_t big = (std::size_t{2} << 20) + 12345;
+  auto* p = static_cast<unsigned char*>(backend_->alloc(big));
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % (std::size_t{2} << 20), 0u);
+  EXPECT_EQ(p[0], 0);
+  EXPECT_EQ(p[big - 1], 0);
+  p[big - 1] = 1;  // the whole size is usable
+  backend_->free(p);
   backend_->free(nullptr);
   backend_->freeHost(nullptr);
 

@@ -7,12 +7,18 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -286,6 +292,35 @@ TEST_F(TrainTest, BadConfigurationsAreRefusedClearly) {
   r = trainAlone(cfg);
   ASSERT_FALSE(r.isOk());
   EXPECT_NE(r.status().message().find("--resume needs --checkpoint-dir"), std::string::npos);
+
+  cfg = smallConfig();
+  cfg.computeNice = 20;
+  r = trainAlone(cfg);
+  ASSERT_FALSE(r.isOk());
+  EXPECT_NE(r.status().message().find("--compute-nice"), std::string::npos) << r.status().message();
+}
+
+// --compute-nice lowers the thread that trains (only that one: Linux nice values are per
+// thread), after the communicator's threads have started, and the summary says so.
+TEST_F(TrainTest, ComputeNiceLowersOnlyTheTrainingThread) {
+  TrainConfig cfg = smallConfig();
+  cfg.maxSteps = 2;
+  cfg.computeNice = 7;
+  errno = 0;
+  const int before = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)));
+  ASSERT_EQ(errno, 0);
+  if (before >= cfg.computeNice) GTEST_SKIP() << "this test already runs at nice " << before;
+  int during = -100;
+  Result<TrainSummary> r = internalError("not run");
+  std::thread t([&] {
+    r = trainAlone(cfg);
+    during = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)));
+  });
+  t.join();
+  ASSERT_TRUE(r.isOk()) << r.status().toString();
+  EXPECT_EQ(r->computeNice, 7);
+  EXPECT_EQ(during, 7);
+  EXPECT_EQ(::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid))), before) << "the caller's thread";
 }
 
 // The smoke test on the real data set: a short CPU run is far above chance (10%).
