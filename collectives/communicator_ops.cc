@@ -91,7 +91,7 @@ Communicator::Body Communicator::allreduceBody(const void* send, void* recv, std
     if (direct) {
       if (send != recv) std::memcpy(recv, send, bytes);
       return directAllreduce(ctx, static_cast<std::byte*>(recv), count, wireOp(op),
-                             op == ReduceOp::kAvg ? ctx.size : 0);
+                             op == ReduceOp::kAvg ? ctx.size : 0, kDirectWindowBytes);
     }
     // Chosen when the op runs: the plan in force is the same on every rank for this op
     // (plan_sync.h); without one, the built-in choice depends only on the size and knobs.

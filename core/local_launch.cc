@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -218,12 +217,7 @@ int launchLocalRanks(const LocalLaunchOptions& options) {
   return worst;
 }
 
-int usableCores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
+int usableCores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
 bool localRanksOutnumberCores() {
   static const bool value = [] {

@@ -31,7 +31,8 @@ struct LocalLaunchOptions {
   std::vector<std::string> outputPrefixes;
 };
 
-// The cores this process may run on (its CPU affinity mask; at least 1).
+// The host's online cores (at least 1): the cores its local ranks share, whatever mask
+// each rank is bound to.
 int usableCores();
 // Whether this host runs more local ranks (MERIDIAN_LOCAL_WORLD_SIZE, as every launcher
 // Meridian knows sets it) than usableCores(): ranks then take turns on the cores, and a

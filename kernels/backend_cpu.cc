@@ -35,7 +35,8 @@ void* alignedZeroed(std::size_t bytes) {
   void* p = std::aligned_alloc(align, rounded);
   if (p == nullptr) throw std::bad_alloc();
   if (huge) (void)::madvise(p, rounded, MADV_HUGEPAGE);  // advice only: small pages otherwise
-  std::memset(p, 0, rounded);
+  // Zero what may be used; the rounding past it stays untouched (not resident).
+  std::memset(p, 0, std::max(kAlignBytes, (bytes + kAlignBytes - 1) / kAlignBytes * kAlignBytes));
   return p;
 }
 

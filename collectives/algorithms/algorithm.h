@@ -202,14 +202,16 @@ Status starAllreduce(const AlgoContext& ctx, const void* send, void* recv, std::
 // allreduce of a group whose ranks all share one host): each rank sends every peer that
 // peer's piece of `data`, reduces the pieces it got into its own, divides its piece by
 // `divisor` when that is above 1 (an average, divided once by the owner), and sends the
-// reduced piece to every peer. Two rounds per window of kDirectWindowBytes, every pair
-// busy at once, against a ring's 2 (n - 1) dependent steps. In place in `data`.
+// reduced piece to every peer. Two rounds per window of `windowBytes` (one after the other,
+// bounding the scratch on one host; 0: the whole message in one window, as the WAN step
+// wants, where a window costs round trips), every pair busy at once, against a ring's
+// 2 (n - 1) dependent steps. In place in `data`.
 inline constexpr std::size_t kDirectWindowBytes = std::size_t{8} << 20;
 // Up to this many ranks on one host (a host's GPU count), auto picks the direct exchange for
 // them; beyond it each rank's (n - 1) pieces per window get small and many.
 inline constexpr int kDirectSameHostMaxRanks = 8;
 Status directAllreduce(const AlgoContext& ctx, std::byte* data, std::size_t count, kernels::ReduceOp op,
-                       std::int64_t divisor = 0);
+                       std::int64_t divisor, std::size_t windowBytes);
 Status recursiveDoublingAllreduce(const AlgoContext& ctx, const void* send, void* recv, std::size_t count,
                                   kernels::ReduceOp op);
 // send holds size * recvCount elements; rank r gets block r reduced.

@@ -100,7 +100,7 @@ Status hierarchicalAllreduce(const AlgoContext& ctx, const void* send, void* rec
   const std::size_t blockCount = blocks.size(finished);
   if (blockCount > 0) {
     MERIDIAN_RETURN_IF_ERROR(h.groups.size() <= routing::kDirectCrossMaxRegions
-                                 ? directAllreduce(across.ctx(), finishedAt, blockCount, op)
+                                 ? directAllreduce(across.ctx(), finishedAt, blockCount, op, 0, 0)
                                  : ringAllreduce(across.ctx(), finishedAt, finishedAt, blockCount, op));
   }
 

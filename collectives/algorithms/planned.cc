@@ -192,7 +192,7 @@ Status directExchange(const AlgoContext& ctx, std::byte* data, std::size_t count
 }  // namespace
 
 Status directAllreduce(const AlgoContext& ctx, std::byte* data, std::size_t count, kernels::ReduceOp op,
-                       std::int64_t divisor) {
+                       std::int64_t divisor, std::size_t windowBytes) {
   const int n = ctx.size;
   if (count == 0) return Status::ok();
   if (n == 1) {
@@ -200,9 +200,10 @@ Status directAllreduce(const AlgoContext& ctx, std::byte* data, std::size_t coun
     return Status::ok();
   }
   const std::size_t eb = ctx.elemBytes;
-  // Windows of at most kDirectWindowBytes, one after the other, so that the scratch for the
-  // (n - 1) incoming pieces stays below that whatever the message size.
-  const std::size_t window = std::max<std::size_t>(static_cast<std::size_t>(n), kDirectWindowBytes / eb);
+  // Windows one after the other, so that the scratch for the (n - 1) incoming pieces stays
+  // below windowBytes whatever the message size.
+  const std::size_t window =
+      windowBytes == 0 ? count : std::max<std::size_t>(static_cast<std::size_t>(n), windowBytes / eb);
   const std::size_t stride = alignUp(BlockSplit{std::min(window, count), n}.size(0) * eb);
   std::byte* tmp = ctx.scratch->reserve(static_cast<std::size_t>(n - 1) * stride);
   for (std::size_t at = 0; at < count; at += window) {

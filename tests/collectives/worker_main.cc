@@ -49,7 +49,7 @@ int main() {
   }
   const std::size_t twoWindows = collectives::kDirectWindowBytes / sizeof(float) + 513;
   check(checkAllreduce(c, twoWindows, DataType::kF32, ReduceOp::kAvg, false));
-  check(checkAllreduce(c, twoWindows / 2, DataType::kI32, ReduceOp::kAvg, true));
+  check(checkAllreduce(c, twoWindows, DataType::kI32, ReduceOp::kAvg, true));
   check(checkAllreduce(c, 1023, DataType::kF16, ReduceOp::kProd, false));
   check(checkAllreduce(c, 4097, DataType::kF64, ReduceOp::kMin, true));
   check(checkBarrier(c, 3));

@@ -374,7 +374,7 @@ TEST_F(CpuBackendTest, AllocReturnsZeroedAlignedMemoryAndStagingRoundTrips) {
     for (std::size_t i = 0; i < bytes; ++i) ASSERT_EQ(bytesP[i], 0) << i;
     backend_->free(p);
   }
-  // From 2 MiB on, whole huge pages: 2 MiB aligned, and zeroed to the last byte.
+  // From 2 MiB on, huge-page aligned, and zeroed to the last byte asked for.
   const std::size_t big = (std::size_t{2} << 20) + 12345;
   auto* p = static_cast<unsigned char*>(backend_->alloc(big));
   ASSERT_NE(p, nullptr);
