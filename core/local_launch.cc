@@ -217,13 +217,13 @@ int launchLocalRanks(const LocalLaunchOptions& options) {
   return worst;
 }
 
-int usableCores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+int hostCores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
 bool localRanksOutnumberCores() {
   static const bool value = [] {
     try {
       const std::int64_t local = knobInt(knobs::kLocalWorldSize);
-      return local > usableCores();
+      return local > hostCores();
     } catch (const ConfigError&) {
       return false;
     }

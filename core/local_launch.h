@@ -33,9 +33,9 @@ struct LocalLaunchOptions {
 
 // The host's online cores (at least 1): the cores its local ranks share, whatever mask
 // each rank is bound to.
-int usableCores();
+int hostCores();
 // Whether this host runs more local ranks (MERIDIAN_LOCAL_WORLD_SIZE, as every launcher
-// Meridian knows sets it) than usableCores(): ranks then take turns on the cores, and a
+// Meridian knows sets it) than hostCores(): ranks then take turns on the cores, and a
 // waiting thread should yield rather than spin. Read once.
 bool localRanksOutnumberCores();
 

@@ -28,15 +28,16 @@ constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
 // has them (madvise mode): one page-table entry per 2 MiB for the TLB, and for the peers
 // that read a gradient buffer directly (process_vm_readv pins the pages it copies).
 void* alignedZeroed(std::size_t bytes) {
+  auto roundUp = [bytes](std::size_t unit) { return std::max(unit, (bytes + unit - 1) / unit * unit); };
   const bool huge = bytes >= kHugePageBytes;
   const std::size_t align = huge ? kHugePageBytes : kAlignBytes;
-  const std::size_t rounded = std::max(align, (bytes + align - 1) / align * align);
+  const std::size_t rounded = roundUp(align);
   if (rounded < bytes) throw std::bad_alloc();  // overflow
   void* p = std::aligned_alloc(align, rounded);
   if (p == nullptr) throw std::bad_alloc();
   if (huge) (void)::madvise(p, rounded, MADV_HUGEPAGE);  // advice only: small pages otherwise
   // Zero what may be used; the rounding past it stays untouched (not resident).
-  std::memset(p, 0, std::max(kAlignBytes, (bytes + kAlignBytes - 1) / kAlignBytes * kAlignBytes));
+  std::memset(p, 0, roundUp(kAlignBytes));
   return p;
 }
 

@@ -134,7 +134,7 @@ int runRank(const TrainConfig& given, const Args& a, SyncComm* external, const R
   // OpenBLAS's own threads started with the library and keep nice 0, so with more than one
   // of them lowering this thread alone would only slow its share of the GEMMs: auto stays 0.
   if (cfg.computeNice < 0 && (launch.localWorldSize > 0 || a.blasThreads != 1)) {
-    cfg.computeNice = a.blasThreads == 1 && launch.localWorldSize > usableCores() ? kAutoComputeNice : 0;
+    cfg.computeNice = a.blasThreads == 1 && launch.localWorldSize > hostCores() ? kAutoComputeNice : 0;
   }
   if (Status st = checkConfig(cfg, launch.worldSize); !st.isOk()) {
     std::fprintf(stderr, "meridian-train rank %d: %s\n", launch.rank, st.message().c_str());
