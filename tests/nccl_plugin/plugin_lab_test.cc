@@ -3,7 +3,7 @@
 // wan-a between the regions first drops to 10 Mbit/s and is then cut entirely. Every transfer
 // completes intact on what is left (the multipath channel inside the plugin's one device), and
 // while wan-a is only slow the plugin's routing monitor sees the sender's streams resend on it
-// and moves the traffic off it.
+// (or its delivery rate fall far below its peak) and moves the traffic off it.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -77,9 +77,12 @@ TEST(NcclPluginLabTest, TransfersSurviveAPathDegradedAndThenCutBetweenRegions) {
   EXPECT_EQ(listener.code, 0) << listener.output;
   EXPECT_NE(sender.output.find("sender passed"), std::string::npos) << sender.output;
   EXPECT_NE(listener.output.find("receiver passed"), std::string::npos) << listener.output;
-  // wan-a is the sender's path 0 (MERIDIAN_PATHS lists the planes in order).
-  EXPECT_NE(sender.output.find(": path 0 (198.18.0."), std::string::npos) << sender.output;
-  EXPECT_NE(sender.output.find(") congested: loss "), std::string::npos) << sender.output;
+  // wan-a is the sender's path 0 (MERIDIAN_PATHS lists the planes in order). The monitor
+  // names it congested by whichever sign it reads first: the streams' resends (loss), or a
+  // delivery rate far below the path's peak; CI runs have shown each.
+  EXPECT_TRUE(std::regex_search(sender.output,
+                                std::regex(R"(: path 0 \(198\.18\.0\.[0-9]+:[0-9]+\) congested: (loss|delivery rate) )")))
+      << sender.output;
   if (auto at = sender.output.find(") congested: "); at != std::string::npos) {
     const auto begin = sender.output.rfind('\n', at) + 1;  // npos + 1 == 0: the first line
     std::printf("[ routing  ] %s\n", sender.output.substr(begin, sender.output.find('\n', at) - begin).c_str());
