@@ -52,7 +52,7 @@ int freeLoopbackPort() {
 
 // Whether this kernel lets a process read a sibling's memory (process_vm_readv), which is
 // what lets ranks on one host read each other directly: a forked child reads a word of ours.
-bool siblingsReadEachOther() {
+bool probeSiblingRead() {
   static std::uint64_t word = 0x6d6572696469616eULL;
   const pid_t parent = ::getpid();
   const pid_t child = ::fork();
@@ -68,6 +68,10 @@ bool siblingsReadEachOther() {
   int status = 0;
   ::waitpid(child, &status, 0);
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+bool siblingsReadEachOther() {
+  static const bool can = probeSiblingRead();
+  return can;
 }
 
 std::string readFile(const std::string& path) {
@@ -166,21 +170,17 @@ LaunchResult launchOnce(int worldSize, int port) {
   return result;
 }
 
-// What a kernel that forbids sibling reads leaves out, said once per run: the workers then
-// expect the sockets, and the same-host direct path goes untested here.
+// What a kernel that forbids sibling reads leaves out, said in each test it concerns: the
+// workers then expect the sockets, and the same-host direct path goes untested here.
 void sayWhenDirectReadsAreUntested() {
-  static const bool said = [] {
-    if (siblingsReadEachOther()) return true;
-    const std::string scope = readFile("/proc/sys/kernel/yama/ptrace_scope");
-    const std::string why = fmt::format(
-        "this kernel forbids process_vm_readv between sibling processes (kernel.yama.ptrace_scope = {}): the "
-        "ranks use the sockets, and same-host direct reads and the direct exchange are not exercised here",
-        scope.empty() ? "unknown" : scope.substr(0, scope.find('\n')));
-    std::printf("[ note     ] %s\n", why.c_str());
-    ::testing::Test::RecordProperty("direct_reads", why);
-    return true;
-  }();
-  (void)said;
+  if (siblingsReadEachOther()) return;
+  const std::string scope = readFile("/proc/sys/kernel/yama/ptrace_scope");
+  const std::string why = fmt::format(
+      "this kernel forbids process_vm_readv between sibling processes (kernel.yama.ptrace_scope = {}): the "
+      "ranks use the sockets, and same-host direct reads and the direct exchange are not exercised here",
+      scope.empty() ? "unknown" : scope.substr(0, scope.find('\n')));
+  std::printf("[ note     ] %s\n", why.c_str());
+  ::testing::Test::RecordProperty("direct_reads", why);
 }
 
 void runWorld(int worldSize) {
