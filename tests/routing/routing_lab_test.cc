@@ -133,7 +133,7 @@ double medianBusbw(const nlohmann::json& rows, double from, double to) {
 
 // Issue 4, lab test 2: congestion on wan-a between the two regions, under a loop of 16 MiB
 // allreduces: adaptive routing moves the traffic within 2 s and recovers most of what the
-// remaining capacity allows (`after`, GB/s; the issue's 80% is held in the benchmark);
+// remaining capacity allows (`after`, GB/s; the issue's 80% is a benchmark figure, below);
 // static striping does not (with `staticFalls`;
 // otherwise it only must not beat adaptive routing). `changes` bring the
 // congestion at t=6 s, `restore` ends it. The allreduce is pinned to the ring, whose steady
@@ -152,7 +152,8 @@ void checkTrafficMovesOffACongestedPlane(LabSession& session, const lab::Topolog
   const double recovered = medianBusbw(adaptive.rows, adaptive.changeAtSec + 4, 1e9);
   // The steady phase only shows the run is sound before the change (CI hosts measured 79-95%
   // of the bound here). The issue's target, 80% of the bound after the change, is a figure for
-  // the benchmark (bench/routing_lab_bench.sh records 87-89%); one run on a shared 2-core host
+  // the benchmark (bench/routing_lab_bench.sh recorded 87% and 89% in
+  // bench/results/routing-lab.md; it reports, it does not gate); one run on a shared 2-core host
   // measured 79%. What the test holds is the behaviour: adaptive routing recovers well past
   // what static striping can (half the bytes on the slowed plane: about a third of the bound).
   EXPECT_GE(steady, 0.7 * before) << "steady state: " << adaptive.output;
