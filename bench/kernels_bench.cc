@@ -1,11 +1,14 @@
 // Throughput of the CPU kernels (reduceInto f32/bf16 sum and the four casts) from 4 KiB to
-// 64 MiB. The size argument and bytes/s count the bytes of the input buffer, not the traffic.
+// 64 MiB, and of the optimizer steps over parameter buffers of the trainer's sizes. The size
+// argument and bytes/s count the bytes of the input buffer (the parameters for the
+// optimizers), not the traffic.
 #include <benchmark/benchmark.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "kernels/reduce.h"
 
 namespace meridian::kernels {
@@ -41,6 +44,40 @@ void benchCast(benchmark::State& state) {
   }
   state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(bytes));
 }
+
+// One optimizer step over `range(0)` bytes of parameters (AdamW: parameters, gradients and
+// both moments; SGD: parameters, gradients and the velocity), on the CPU backend.
+void benchAdamW(benchmark::State& state) {
+  const std::size_t count = static_cast<std::size_t>(state.range(0)) / sizeof(float);
+  auto backend = makeCpuBackend(1);
+  std::vector<float> w(count, 0.5f), g(count, 1e-3f), m(count, 0.0f), v(count, 0.0f);
+  const AdamWParams p;
+  std::int64_t step = 0;
+  for (auto _ : state) {
+    backend->adamwStep(w.data(), g.data(), m.data(), v.data(), count, p, ++step);
+    benchmark::DoNotOptimize(w.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * state.range(0));
+}
+
+void benchSgd(benchmark::State& state) {
+  const std::size_t count = static_cast<std::size_t>(state.range(0)) / sizeof(float);
+  auto backend = makeCpuBackend(1);
+  std::vector<float> w(count, 0.5f), g(count, 1e-3f), velocity(count, 0.0f);
+  const SgdParams p;
+  for (auto _ : state) {
+    backend->sgdStep(w.data(), g.data(), velocity.data(), count, p);
+    benchmark::DoNotOptimize(w.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * state.range(0));
+}
+
+// 256 KiB (stays in cache), the default model's first layer (3.1 MiB) and the whole default
+// model (7.5 MB: 1,863,690 parameters).
+BENCHMARK(benchAdamW)->Arg(256 << 10)->Arg(784 * 1024 * 4)->Arg(1863690 * 4);
+BENCHMARK(benchSgd)->Arg(256 << 10)->Arg(784 * 1024 * 4)->Arg(1863690 * 4);
 
 BENCHMARK_CAPTURE(benchReduceIntoSum, f32, DataType::kF32)
     ->RangeMultiplier(4)

@@ -22,15 +22,16 @@ inline AdamWStepFactors adamwStepFactors(const AdamWParams& p, std::int64_t step
     throwInvalid("adamwStep: step counts from 1, got " + std::to_string(step));
   }
   const double t = static_cast<double>(step);
+  const double correction1 = 1.0 - std::pow(static_cast<double>(p.beta1), t);
+  const double correction2 = 1.0 - std::pow(static_cast<double>(p.beta2), t);
   return AdamWStepFactors{
-      .lr = p.lr,
       .lrTimesDecay = p.lr * p.weightDecay,
       .beta1 = p.beta1,
       .oneMinusBeta1 = 1.0f - p.beta1,
       .beta2 = p.beta2,
       .oneMinusBeta2 = 1.0f - p.beta2,
-      .biasCorrection1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), t)),
-      .biasCorrection2 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta2), t)),
+      .stepSize = static_cast<float>(static_cast<double>(p.lr) / correction1),
+      .inverseSqrtCorrection2 = static_cast<float>(1.0 / std::sqrt(correction2)),
       .eps = p.eps,
   };
 }

@@ -68,25 +68,25 @@ MERIDIAN_MATH_INLINE void sgdUpdate(float& w, float g, float& velocity, float lr
 }
 
 // AdamW's per-step constants, computed once on the host by adamwStepFactors
-// (backend_checks.h), bias corrections in double.
+// (backend_checks.h), the bias corrections folded in in double: the step divides once and
+// takes one square root per element (the form of Kingma & Ba's section 2 that PyTorch also
+// uses), rather than dividing both moments by their corrections first.
 struct AdamWStepFactors {
-  float lr;
   float lrTimesDecay;  // decoupled decay: w -= lr * weightDecay * w
   float beta1, oneMinusBeta1;
   float beta2, oneMinusBeta2;
-  float biasCorrection1;  // 1 - beta1^step
-  float biasCorrection2;  // 1 - beta2^step
+  float stepSize;                   // lr / (1 - beta1^step)
+  float inverseSqrtCorrection2;     // 1 / sqrt(1 - beta2^step)
   float eps;
 };
 
-// Decay first, then the bias-corrected step m-hat / (sqrt(v-hat) + eps).
+// Decay first, then w -= stepSize * m / (sqrt(v) / sqrt(1 - beta2^step) + eps), which is
+// the bias-corrected m-hat / (sqrt(v-hat) + eps) step.
 MERIDIAN_MATH_INLINE void adamwUpdate(float& w, float g, float& m, float& v, const AdamWStepFactors& f) {
   w -= f.lrTimesDecay * w;
   m = f.beta1 * m + f.oneMinusBeta1 * g;
   v = f.beta2 * v + f.oneMinusBeta2 * g * g;
-  const float mHat = m / f.biasCorrection1;
-  const float vHat = v / f.biasCorrection2;
-  w -= f.lr * mHat / (sqrtF32(vHat) + f.eps);
+  w -= f.stepSize * m / (sqrtF32(v) * f.inverseSqrtCorrection2 + f.eps);
 }
 
 }  // namespace meridian::kernels::detail
