@@ -30,6 +30,8 @@ namespace {
 constexpr auto kHandshakeTimeout = std::chrono::seconds(5);
 // Timeouts longer than this (~35 years) mean "no deadline".
 constexpr std::uint64_t kMaxFiniteTimeoutMs = std::uint64_t{1} << 40;
+// How long a stopping server waits for replies already being sent (~StoreServer).
+constexpr std::chrono::milliseconds kDrainTimeout{2000};
 
 bool isValidOp(std::uint8_t op) { return op >= 1 && op <= 6; }
 
@@ -472,6 +474,16 @@ StoreServer::~StoreServer() {
   // No client is added from here on. Wake every client thread wherever it blocks: in
   // the state (GET/WAIT) or on its socket; then wait for all of them.
   state_.shutdown();
+  // A request already taken in is answered before its socket is shut: the usual end of a job
+  // is rank 0 leaving the moment the last rank's "done" SET lands, and that SET's reply is
+  // still on its way (a GET or WAIT woken by the shutdown just above answers with its error).
+  // A client that does not read its reply holds this up for kDrainTimeout at most.
+  const TimePoint drainDeadline = Clock::now() + kDrainTimeout;
+  for (auto& client : clients_) {
+    while (client->answering.load() && !client->done.load() && Clock::now() < drainDeadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
   for (auto& client : clients_) ::shutdown(client->fd.get(), SHUT_RDWR);
   for (auto& client : clients_) {
     if (client->thread.joinable()) client->thread.join();
@@ -556,8 +568,10 @@ void StoreServer::serveClient(Client& client) {
         if (!stopping_.load()) MLOG_WARN(kCollectives, "store: dropping client {}: {}", peer, request.status().toString());
         break;
       }
+      client.answering.store(true);  // before the request takes effect: see ~StoreServer
       const std::vector<std::uint8_t> reply = encodeStoreResponse(execute(state_, request.value()));
       Status sent = tcp::sendAll(fd, reply.data(), reply.size(), Clock::now() + ioTimeout_);
+      client.answering.store(false);
       if (!sent) {
         if (!stopping_.load()) MLOG_WARN(kCollectives, "store: dropping client {}: {}", peer, sent.toString());
         break;

@@ -163,6 +163,7 @@ class StoreServer {
     UniqueFd fd;  // closed only after `thread` is joined, so the number is never reused under it
     std::thread thread;
     std::atomic<bool> done{false};
+    std::atomic<bool> answering{false};  // from a request read to its reply sent
   };
 
   void acceptLoop();

@@ -666,6 +666,28 @@ TEST_F(TcpStoreTest, ServerShutdownWhileAClientBlocksInGetGivesThatClientAnError
   EXPECT_EQ(store->set("k", bytes("v")).code(), StatusCode::kPeerError);
 }
 
+// The way a job ends: rank 0 hosts the store, waits until every other rank said "done",
+// and leaves at once. The last rank's SET was applied (that is what woke rank 0), so its
+// reply must still reach it rather than the connection being cut under it.
+TEST_F(TcpStoreTest, TheRequestThatLetsTheHostLeaveIsStillAnswered) {
+  for (int round = 0; round < 50; ++round) {
+    if (!server_) SetUp();
+    auto host = connectClient();
+    auto last = connectClient();
+    ASSERT_TRUE(host && last);
+    Status waited = internalError("not run");
+    std::thread owner([&] {
+      waited = host->wait({"done"}, in(milliseconds(10000)));
+      server_.reset();  // leaves the moment the key is there
+    });
+    ASSERT_TRUE(eventually([&] { return server_ && server_->waiterCount() == 1; }, in(milliseconds(10000))));
+    const Status set = last->set("done", bytes("1"));
+    owner.join();
+    ASSERT_TRUE(waited) << waited.toString();
+    ASSERT_TRUE(set) << "round " << round << ": " << set.toString();
+  }
+}
+
 TEST_F(TcpStoreTest, ConnectGivesUpAtTheDeadlineWhenNoServerListens) {
   const std::string gone = address();
   server_.reset();
