@@ -75,8 +75,8 @@ struct AdamWStepFactors {
   float lrTimesDecay;  // decoupled decay: w -= lr * weightDecay * w
   float beta1, oneMinusBeta1;
   float beta2, oneMinusBeta2;
-  float stepSize;                   // lr / (1 - beta1^step)
-  float inverseSqrtCorrection2;     // 1 / sqrt(1 - beta2^step)
+  float stepSize;                // lr / (1 - beta1^step)
+  float inverseSqrtCorrection2;  // 1 / sqrt(1 - beta2^step)
   float eps;
 };
 
