@@ -46,9 +46,10 @@ void copyBytes(void* dst, const void* src, std::size_t bytes) {
   std::memmove(dst, src, bytes);
 }
 
-// AdamW's loop is bound by its division and square root, not by memory (3.3 GB/s of
-// parameters in cache and out of it with 4 lanes): it is built twice, with AVX2 (8 lanes)
-// and for the x86-64 baseline (SSE2), and the loader picks the one the CPU runs. AVX2 alone
+// AdamW's loop is bound by its division and square root more than by memory (on 4 SSE
+// lanes with three divisions it ran at 3.3 GB/s of parameters in cache and out of it alike):
+// it is built twice, with AVX2 (8 lanes) and for the x86-64 baseline (SSE2), and the loader
+// picks the one the CPU runs. AVX2 alone
 // does not enable fused multiply-adds, so both clones compute every element with the same
 // IEEE operations: ranks of one job on different CPUs keep bit-identical weights.
 #if defined(__x86_64__) && defined(__GNUC__)
