@@ -18,6 +18,7 @@
 #include <string>
 
 #include "core/status.h"
+#include "kernels/image_shape.h"
 
 namespace meridian::kernels {
 
@@ -45,6 +46,7 @@ struct LossStats {
   double lossSum = 0;
   std::int64_t correct = 0;
 };
+
 
 class Backend {
  public:
@@ -92,6 +94,20 @@ class Backend {
   virtual void activationForward(Activation act, const float* x, float* y, std::size_t n) = 0;
   // dx = dy * act'(x) where x is the activation's input; dx may equal dy.
   virtual void activationBackward(Activation act, const float* x, const float* dy, float* dx, std::size_t n) = 0;
+  // Convolution as GEMM (a kernel x kernel window, stride 1, zero padding kernel / 2, so the
+  // output keeps the input's side; kernel odd). im2col writes one row per output pixel,
+  // [batch * side * side x kernel * kernel * channels], its columns ordered (ky, kx, c):
+  // col[(n, y, x)][(ky * kernel + kx) * channels + c] = x[n][y + ky - pad][x + kx - pad][c],
+  // 0 outside the image. A convolution is then gemm(col, W [kernel^2 * channels x out]).
+  virtual void im2col(const float* x, const ImageShape& shape, int kernel, float* col) = 0;
+  // The adjoint of im2col: dx (shape, overwritten) receives for each pixel the sum of the col
+  // entries im2col copied from it, added in ascending (ky, kx) order.
+  virtual void col2im(const float* col, const ImageShape& shape, int kernel, float* dx) = 0;
+  // 2 x 2 max pooling, stride 2 (side even): y is [batch, side / 2, side / 2, channels];
+  // argmax[i] is the window slot (2 * dy + dx, 0..3) of y[i]'s maximum, the first slot on a tie.
+  virtual void maxPool2Forward(const float* x, const ImageShape& shape, float* y, std::uint8_t* argmax) = 0;
+  // dx (shape, overwritten) = dy routed to the slot argmax names, 0 elsewhere.
+  virtual void maxPool2Backward(const float* dy, const std::uint8_t* argmax, const ImageShape& shape, float* dx) = 0;
   // Softmax cross-entropy over the rows of logits [rows x classes] against labels (int32,
   // backend memory, each in [0, classes)). When dlogits is not null it receives
   // (softmax - onehot) * gradScale (may equal logits). Returns the loss sum and correct

@@ -60,6 +60,24 @@ inline void checkGemm(bool transA, bool transB, int m, int n, int k, int lda, in
   checkStride("ldc", ldc, n);
 }
 
+// Image ops: a non-negative batch, positive side and channels, an odd kernel of at most
+// kMaxKernel, and an even side for pooling.
+constexpr int kMaxKernel = 31;
+
+inline void checkImage(const char* op, const ImageShape& s, int kernel, bool pooled) {
+  if (s.batch < 0 || s.side < 1 || s.channels < 1) {
+    throwInvalid(std::string(op) + ": bad image shape batch=" + std::to_string(s.batch) + " side=" +
+                 std::to_string(s.side) + " channels=" + std::to_string(s.channels));
+  }
+  if (kernel < 1 || kernel % 2 == 0 || kernel > kMaxKernel) {
+    throwInvalid(std::string(op) + ": kernel " + std::to_string(kernel) + " must be odd, in 1.." +
+                 std::to_string(kMaxKernel));
+  }
+  if (pooled && s.side % 2 != 0) {
+    throwInvalid(std::string(op) + ": 2 x 2 pooling needs an even side, got " + std::to_string(s.side));
+  }
+}
+
 inline void checkSoftmaxShape(int rows, int classes) {
   checkShape("softmaxCrossEntropy", rows, classes);
   if (rows > 0 && classes == 0) throwInvalid("softmaxCrossEntropy: 0 classes");

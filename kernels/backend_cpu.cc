@@ -142,6 +142,11 @@ class CpuBackend final : public Backend {
     }
   }
 
+  void im2col(const float* x, const ImageShape& shape, int kernel, float* col) override;
+  void col2im(const float* col, const ImageShape& shape, int kernel, float* dx) override;
+  void maxPool2Forward(const float* x, const ImageShape& shape, float* y, std::uint8_t* argmax) override;
+  void maxPool2Backward(const float* dy, const std::uint8_t* argmax, const ImageShape& shape, float* dx) override;
+
   LossStats softmaxCrossEntropy(const float* logits, const std::int32_t* labels, int rows, int classes,
                                 float* dlogits, float gradScale) override;
 
@@ -182,6 +187,80 @@ class CpuBackend final : public Backend {
  private:
   std::uint64_t lastTicket_ = 0;
 };
+
+// One output pixel's row at a time: for each window row ky, the kernel's columns that fall
+// inside the image are one contiguous run of the input row, copied whole; the rest is 0.
+void CpuBackend::im2col(const float* x, const ImageShape& shape, int kernel, float* col) {
+  detail::checkImage("im2col", shape, kernel, false);
+  const int side = shape.side, pad = kernel / 2;
+  const auto c = static_cast<std::size_t>(shape.channels);
+  const std::size_t rowWidth = static_cast<std::size_t>(kernel) * static_cast<std::size_t>(kernel) * c;
+  float* out = col;
+  for (int n = 0; n < shape.batch; ++n) {
+    const float* image = x + static_cast<std::size_t>(n) * static_cast<std::size_t>(side) * static_cast<std::size_t>(side) * c;
+    for (int y = 0; y < side; ++y) {
+      for (int px = 0; px < side; ++px, out += rowWidth) {
+        for (int ky = 0; ky < kernel; ++ky) {
+          float* dst = out + static_cast<std::size_t>(ky) * static_cast<std::size_t>(kernel) * c;
+          const int iy = y + ky - pad;
+          if (iy < 0 || iy >= side) {
+            std::fill(dst, dst + static_cast<std::size_t>(kernel) * c, 0.0f);
+            continue;
+          }
+          const int kxFirst = std::max(0, pad - px), kxEnd = std::min(kernel, side + pad - px);
+          std::fill(dst, dst + static_cast<std::size_t>(kxFirst) * c, 0.0f);
+          if (kxEnd > kxFirst) {
+            const float* src = image + (static_cast<std::size_t>(iy) * static_cast<std::size_t>(side) +
+                                        static_cast<std::size_t>(px + kxFirst - pad)) * c;
+            std::copy(src, src + static_cast<std::size_t>(kxEnd - kxFirst) * c, dst + static_cast<std::size_t>(kxFirst) * c);
+          }
+          std::fill(dst + static_cast<std::size_t>(std::max(kxEnd, kxFirst)) * c, dst + static_cast<std::size_t>(kernel) * c, 0.0f);
+        }
+      }
+    }
+  }
+}
+
+// A gather, pixel by pixel: the col rows whose windows cover (iy, ix), in ascending (ky, kx)
+// order, the order the CUDA kernel adds in (one thread per element), so the two agree to the bit.
+void CpuBackend::col2im(const float* col, const ImageShape& shape, int kernel, float* dx) {
+  detail::checkImage("col2im", shape, kernel, false);
+  const int side = shape.side, pad = kernel / 2;
+  const auto c = static_cast<std::size_t>(shape.channels);
+  const std::size_t rowWidth = static_cast<std::size_t>(kernel) * static_cast<std::size_t>(kernel) * c;
+  float* __restrict out = dx;
+  for (int n = 0; n < shape.batch; ++n) {
+    for (int iy = 0; iy < side; ++iy) {
+      for (int ix = 0; ix < side; ++ix, out += c) {
+        std::fill(out, out + c, 0.0f);
+        for (int ky = 0; ky < kernel; ++ky) {
+          const int y = iy - ky + pad;
+          if (y < 0 || y >= side) continue;
+          for (int kx = 0; kx < kernel; ++kx) {
+            const int px = ix - kx + pad;
+            if (px < 0 || px >= side) continue;
+            const std::size_t row = (static_cast<std::size_t>(n) * static_cast<std::size_t>(side) + static_cast<std::size_t>(y)) *
+                                        static_cast<std::size_t>(side) + static_cast<std::size_t>(px);
+            const float* __restrict src = col + row * rowWidth + static_cast<std::size_t>(ky * kernel + kx) * c;
+            for (std::size_t ch = 0; ch < c; ++ch) out[ch] += src[ch];
+          }
+        }
+      }
+    }
+  }
+}
+
+void CpuBackend::maxPool2Forward(const float* x, const ImageShape& shape, float* y, std::uint8_t* argmax) {
+  detail::checkImage("maxPool2Forward", shape, 1, true);
+  const std::size_t outputs = detail::pooledElements(shape);
+  for (std::size_t i = 0; i < outputs; ++i) y[i] = detail::maxPool2Element(x, shape, i, argmax[i]);
+}
+
+void CpuBackend::maxPool2Backward(const float* dy, const std::uint8_t* argmax, const ImageShape& shape, float* dx) {
+  detail::checkImage("maxPool2Backward", shape, 1, true);
+  const std::size_t inputs = detail::imageElements(shape);
+  for (std::size_t i = 0; i < inputs; ++i) dx[i] = detail::maxPool2BackwardElement(dy, argmax, shape, i);
+}
 
 // Per row: max and arg-max (the lowest index wins a tie), then e_c = exp(x_c - max) summed in
 // double; loss = log(sum) - (x_label - max). Every label is checked before anything is

@@ -254,6 +254,23 @@ class CudaBackend final : public Backend {
     launched(cuda::activationBackward(on(), act == Activation::kGelu, x, dy, dx, n), "activationBackward");
   }
 
+  void im2col(const float* x, const ImageShape& shape, int kernel, float* col) override {
+    detail::checkImage("im2col", shape, kernel, false);
+    launched(cuda::im2col(on(), x, shape, kernel, col), "im2col");
+  }
+  void col2im(const float* col, const ImageShape& shape, int kernel, float* dx) override {
+    detail::checkImage("col2im", shape, kernel, false);
+    launched(cuda::col2im(on(), col, shape, kernel, dx), "col2im");
+  }
+  void maxPool2Forward(const float* x, const ImageShape& shape, float* y, std::uint8_t* argmax) override {
+    detail::checkImage("maxPool2Forward", shape, 1, true);
+    launched(cuda::maxPool2Forward(on(), x, shape, y, argmax), "maxPool2Forward");
+  }
+  void maxPool2Backward(const float* dy, const std::uint8_t* argmax, const ImageShape& shape, float* dx) override {
+    detail::checkImage("maxPool2Backward", shape, 1, true);
+    launched(cuda::maxPool2Backward(on(), dy, argmax, shape, dx), "maxPool2Backward");
+  }
+
   LossStats softmaxCrossEntropy(const float* logits, const std::int32_t* labels, int rows, int classes,
                                 float* dlogits, float gradScale) override;
 

@@ -50,6 +50,79 @@ struct ActivationBackwardOp {
   }
 };
 
+// One col element: i = row * rowWidth + (ky * kernel + kx) * channels + c, row = (n, y, x).
+struct Im2colOp {
+  const float* x;
+  float* col;
+  ImageShape s;
+  int kernel;
+  __device__ void operator()(std::size_t i) const {
+    const auto c = static_cast<std::size_t>(s.channels);
+    const auto side = static_cast<std::size_t>(s.side);
+    const auto k = static_cast<std::size_t>(kernel);
+    const std::size_t rowWidth = k * k * c;
+    const std::size_t row = i / rowWidth, within = i % rowWidth;
+    const std::size_t ch = within % c, tap = within / c;
+    const auto kx = static_cast<long long>(tap % k), ky = static_cast<long long>(tap / k);
+    const std::size_t pixel = row % (side * side), n = row / (side * side);
+    const long long pad = kernel / 2;
+    const long long iy = static_cast<long long>(pixel / side) + ky - pad;
+    const long long ix = static_cast<long long>(pixel % side) + kx - pad;
+    const auto sideL = static_cast<long long>(side);
+    col[i] = iy >= 0 && iy < sideL && ix >= 0 && ix < sideL
+                 ? x[((n * side + static_cast<std::size_t>(iy)) * side + static_cast<std::size_t>(ix)) * c + ch]
+                 : 0.0f;
+  }
+};
+
+// One input element: the col entries copied from it, added in ascending (ky, kx) order as
+// the CPU backend does.
+struct Col2imOp {
+  const float* col;
+  float* dx;
+  ImageShape s;
+  int kernel;
+  __device__ void operator()(std::size_t i) const {
+    const auto c = static_cast<std::size_t>(s.channels);
+    const auto side = static_cast<long long>(s.side);
+    const std::size_t rowWidth = static_cast<std::size_t>(kernel) * static_cast<std::size_t>(kernel) * c;
+    const std::size_t ch = i % c, pixel = i / c;
+    const auto sq = static_cast<std::size_t>(side * side);
+    const std::size_t n = pixel / sq;
+    const auto iy = static_cast<long long>((pixel % sq) / static_cast<std::size_t>(side));
+    const auto ix = static_cast<long long>(pixel % static_cast<std::size_t>(side));
+    const long long pad = kernel / 2;
+    float sum = 0.0f;
+    for (int ky = 0; ky < kernel; ++ky) {
+      const long long y = iy - ky + pad;
+      if (y < 0 || y >= side) continue;
+      for (int kx = 0; kx < kernel; ++kx) {
+        const long long px = ix - kx + pad;
+        if (px < 0 || px >= side) continue;
+        const std::size_t row = n * sq + static_cast<std::size_t>(y * side + px);
+        sum += col[row * rowWidth + static_cast<std::size_t>(ky * kernel + kx) * c + ch];
+      }
+    }
+    dx[i] = sum;
+  }
+};
+
+struct MaxPoolOp {
+  const float* x;
+  float* y;
+  std::uint8_t* argmax;
+  ImageShape s;
+  __device__ void operator()(std::size_t i) const { y[i] = detail::maxPool2Element(x, s, i, argmax[i]); }
+};
+
+struct MaxPoolBackwardOp {
+  const float* dy;
+  const std::uint8_t* argmax;
+  float* dx;
+  ImageShape s;
+  __device__ void operator()(std::size_t i) const { dx[i] = detail::maxPool2BackwardElement(dy, argmax, s, i); }
+};
+
 struct SgdOp {
   float* w;
   const float* g;
@@ -274,6 +347,21 @@ cudaError_t activationBackward(const Launch& l, bool gelu, const float* x, const
                                std::size_t n) {
   return gelu ? launchEach(l, n, ActivationBackwardOp<true>{x, dy, dx})
               : launchEach(l, n, ActivationBackwardOp<false>{x, dy, dx});
+}
+
+cudaError_t im2col(const Launch& l, const float* x, const ImageShape& shape, int kernel, float* col) {
+  const auto k = static_cast<std::size_t>(kernel);
+  return launchEach(l, detail::imageElements(shape) * k * k, Im2colOp{x, col, shape, kernel});
+}
+cudaError_t col2im(const Launch& l, const float* col, const ImageShape& shape, int kernel, float* dx) {
+  return launchEach(l, detail::imageElements(shape), Col2imOp{col, dx, shape, kernel});
+}
+cudaError_t maxPool2Forward(const Launch& l, const float* x, const ImageShape& shape, float* y, std::uint8_t* argmax) {
+  return launchEach(l, detail::pooledElements(shape), MaxPoolOp{x, y, argmax, shape});
+}
+cudaError_t maxPool2Backward(const Launch& l, const float* dy, const std::uint8_t* argmax, const ImageShape& shape,
+                             float* dx) {
+  return launchEach(l, detail::imageElements(shape), MaxPoolBackwardOp{dy, argmax, dx, shape});
 }
 
 cudaError_t sgdStep(const Launch& l, float* w, const float* g, float* velocity, std::size_t n, float lr,

@@ -25,6 +25,11 @@ cudaError_t biasGrad(const Launch& l, const float* dy, float* dbias, int rows, i
 cudaError_t activationForward(const Launch& l, bool gelu, const float* x, float* y, std::size_t n);
 cudaError_t activationBackward(const Launch& l, bool gelu, const float* x, const float* dy, float* dx,
                                std::size_t n);
+cudaError_t im2col(const Launch& l, const float* x, const ImageShape& shape, int kernel, float* col);
+cudaError_t col2im(const Launch& l, const float* col, const ImageShape& shape, int kernel, float* dx);
+cudaError_t maxPool2Forward(const Launch& l, const float* x, const ImageShape& shape, float* y, std::uint8_t* argmax);
+cudaError_t maxPool2Backward(const Launch& l, const float* dy, const std::uint8_t* argmax, const ImageShape& shape,
+                             float* dx);
 cudaError_t sgdStep(const Launch& l, float* w, const float* g, float* velocity, std::size_t n, float lr,
                     float momentum, float weightDecay, bool nesterov);
 cudaError_t adamwStep(const Launch& l, float* w, const float* g, float* m, float* v, std::size_t n,

@@ -4,6 +4,10 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/image_shape.h"
 
 #if defined(__CUDACC__)
 #define MERIDIAN_MATH_INLINE __host__ __device__ __forceinline__
@@ -55,6 +59,54 @@ MERIDIAN_MATH_INLINE float reluBackward(float x, float dy) { return x > 0.0f ? d
 // e = exp(x - rowMax) and inverseSum = 1 / sum over the row.
 MERIDIAN_MATH_INLINE float softmaxGrad(float e, float inverseSum, bool isLabel, float gradScale) {
   return (e * inverseSum - (isLabel ? 1.0f : 0.0f)) * gradScale;
+}
+
+// ---- Pooling -------------------------------------------------------------------------
+
+MERIDIAN_MATH_INLINE std::size_t imageElements(const ImageShape& s) {
+  return static_cast<std::size_t>(s.batch) * static_cast<std::size_t>(s.side) * static_cast<std::size_t>(s.side) *
+         static_cast<std::size_t>(s.channels);
+}
+MERIDIAN_MATH_INLINE std::size_t pooledElements(const ImageShape& s) { return imageElements(s) / 4; }
+
+// Output element i of 2 x 2 max pooling (stride 2) over x: the maximum of its window, read in
+// slot order (0: top left, 1: top right, 2: bottom left, 3: bottom right); a later slot wins
+// only when strictly greater, so the first wins a tie. slot receives the winner.
+MERIDIAN_MATH_INLINE float maxPool2Element(const float* x, const ImageShape& s, std::size_t i, std::uint8_t& slot) {
+  const auto c = static_cast<std::size_t>(s.channels);
+  const auto half = static_cast<std::size_t>(s.side) / 2;
+  const std::size_t ch = i % c;
+  const std::size_t pixel = i / c;  // (n * half + oy) * half + ox
+  const std::size_t ox = pixel % half;
+  const std::size_t rowIndex = pixel / half;  // n * half + oy, so the input row is 2 * rowIndex
+  const auto side = static_cast<std::size_t>(s.side);
+  const float* topLeft = x + ((2 * rowIndex) * side + 2 * ox) * c + ch;
+  const float window[4] = {topLeft[0], topLeft[c], topLeft[side * c], topLeft[side * c + c]};
+  float best = window[0];
+  std::uint8_t bestSlot = 0;
+  for (std::uint8_t k = 1; k < 4; ++k) {
+    if (window[k] > best) {
+      best = window[k];
+      bestSlot = k;
+    }
+  }
+  slot = bestSlot;
+  return best;
+}
+
+// Input element i's gradient through the pooling: its window's output gradient when it was
+// that window's maximum, else 0.
+MERIDIAN_MATH_INLINE float maxPool2BackwardElement(const float* dy, const std::uint8_t* argmax, const ImageShape& s,
+                                                   std::size_t i) {
+  const auto c = static_cast<std::size_t>(s.channels);
+  const auto side = static_cast<std::size_t>(s.side);
+  const std::size_t ch = i % c;
+  const std::size_t pixel = i / c;  // (n * side + iy) * side + ix
+  const std::size_t ix = pixel % side;
+  const std::size_t rowIndex = pixel / side;  // n * side + iy; side is even, so iy % 2 == rowIndex % 2
+  const std::size_t out = ((rowIndex / 2) * (side / 2) + ix / 2) * c + ch;
+  const auto slot = static_cast<std::uint8_t>((rowIndex % 2) * 2 + ix % 2);
+  return argmax[out] == slot ? dy[out] : 0.0f;
 }
 
 // ---- Optimizers ----------------------------------------------------------------------

@@ -12,6 +12,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -168,6 +169,36 @@ TEST_F(BackendParityTest, SoftmaxCrossEntropyRejectsABadLabelLikeTheCpu) {
     });
     EXPECT_EQ(gpu, cpu);
     EXPECT_NE(cpu.find("label " + std::to_string(bad) + " of row 2"), std::string::npos) << cpu;
+  }
+}
+
+// Convolution's gathers copy or add in the same order on both backends: bit-equal results.
+TEST_F(BackendParityTest, ImageOpsMatchToTheBit) {
+  const std::array<std::pair<ImageShape, int>, 5> cases{{{{1, 1, 1}, 1}, {{3, 6, 2}, 5}, {{2, 28, 1}, 5},
+                                                         {{64, 14, 16}, 5}, {{5, 4, 33}, 7}}};
+  for (const auto& [s, k] : cases) {
+    SCOPED_TRACE(::testing::Message() << "batch " << s.batch << " side " << s.side << " channels " << s.channels
+                                      << " kernel " << k);
+    const std::size_t n = static_cast<std::size_t>(s.batch) * s.side * s.side * s.channels;
+    const std::size_t cols = n * static_cast<std::size_t>(k * k);
+    auto hostX = randomFloats(n, 700);
+    if (n >= 4) std::fill_n(hostX.begin(), 4, 0.5f);  // ties
+    const auto hostG = randomFloats(cols, 701);
+    const ImageShape pooled = s.side % 2 == 0 ? s : ImageShape{0, 2, 1};
+    const auto [cpu, gpu] = onBoth([&](Backend& b) {
+      BackendBuffer<float> x(b, hostX), g(b, hostG), col(b, cols), dx(b, n), y(b, n / 4), dxPool(b, n);
+      BackendBuffer<std::uint8_t> argmax(b, n / 4);
+      b.im2col(x.get(), s, k, col.get());
+      b.col2im(g.get(), s, k, dx.get());
+      b.maxPool2Forward(x.get(), pooled, y.get(), argmax.get());
+      b.maxPool2Backward(x.get(), argmax.get(), pooled, dxPool.get());
+      return std::tuple{col.download(), dx.download(), y.download(), argmax.download(), dxPool.download()};
+    });
+    expectBitEqual(std::get<0>(gpu), std::get<0>(cpu));
+    expectBitEqual(std::get<1>(gpu), std::get<1>(cpu));
+    expectBitEqual(std::get<2>(gpu), std::get<2>(cpu));
+    expectBitEqual(std::get<3>(gpu), std::get<3>(cpu));
+    expectBitEqual(std::get<4>(gpu), std::get<4>(cpu));
   }
 }
 

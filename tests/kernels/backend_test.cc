@@ -362,6 +362,151 @@ TEST_F(CpuBackendTest, CastsMatchTheScalarReference) {
 
 // ---- Memory and staging --------------------------------------------------------------------
 
+// ---- Convolution and pooling ------------------------------------------------------------
+
+// x[n][y][x][c] of an NHWC tensor, 0 outside the image.
+float pixel(const std::vector<float>& x, const ImageShape& s, int n, int y, int px, int c) {
+  if (y < 0 || y >= s.side || px < 0 || px >= s.side) return 0.0f;
+  return x[static_cast<std::size_t>(((n * s.side + y) * s.side + px) * s.channels + c)];
+}
+
+// A direct convolution in double (stride 1, padding k / 2) of x with W [k*k*C x out].
+std::vector<double> convReference(const std::vector<float>& x, const ImageShape& s, int k, const std::vector<float>& w,
+                                  int out) {
+  std::vector<double> y(static_cast<std::size_t>(s.batch * s.side * s.side * out), 0.0);
+  const int pad = k / 2;
+  for (int n = 0; n < s.batch; ++n)
+    for (int oy = 0; oy < s.side; ++oy)
+      for (int ox = 0; ox < s.side; ++ox)
+        for (int o = 0; o < out; ++o) {
+          double sum = 0;
+          for (int ky = 0; ky < k; ++ky)
+            for (int kx = 0; kx < k; ++kx)
+              for (int c = 0; c < s.channels; ++c)
+                sum += static_cast<double>(pixel(x, s, n, oy + ky - pad, ox + kx - pad, c)) *
+                       static_cast<double>(w[static_cast<std::size_t>(((ky * k + kx) * s.channels + c) * out + o)]);
+          y[static_cast<std::size_t>(((n * s.side + oy) * s.side + ox) * out + o)] = sum;
+        }
+  return y;
+}
+
+struct ConvCase {
+  ImageShape shape;
+  int kernel;
+};
+
+constexpr std::array<ConvCase, 5> kConvCases{{{{1, 1, 1}, 1}, {{2, 4, 3}, 3}, {{3, 6, 2}, 5}, {{1, 3, 4}, 7},
+                                              {{2, 28, 1}, 5}}};
+
+// im2col followed by GEMM is the direct convolution, for kernels narrower and wider than the
+// image (so padding covers whole window rows).
+TEST_F(CpuBackendTest, Im2colGemmIsTheDirectConvolution) {
+  for (const ConvCase& cc : kConvCases) {
+    const ImageShape s = cc.shape;
+    const int k = cc.kernel, out = 3;
+    SCOPED_TRACE(::testing::Message() << "batch " << s.batch << " side " << s.side << " channels " << s.channels
+                                      << " kernel " << k);
+    const std::size_t pixels = static_cast<std::size_t>(s.batch * s.side * s.side);
+    const std::size_t rowWidth = static_cast<std::size_t>(k * k * s.channels);
+    const auto hostX = randomFloats(pixels * static_cast<std::size_t>(s.channels), 600);
+    const auto hostW = randomFloats(rowWidth * out, 601);
+    // Garbage in col first: im2col must write every element, zeros included.
+    BackendBuffer<float> x(*backend_, hostX), w(*backend_, hostW),
+        col(*backend_, std::vector<float>(pixels * rowWidth, 7.0f)), y(*backend_, pixels * out);
+    backend_->im2col(x.get(), s, k, col.get());
+    backend_->gemm(false, false, static_cast<int>(pixels), out, static_cast<int>(rowWidth), 1.0f, col.get(),
+                   static_cast<int>(rowWidth), w.get(), out, 0.0f, y.get(), out);
+    const std::vector<double> want = convReference(hostX, s, k, hostW, out);
+    const std::vector<float> got = y.download();
+    for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5 * static_cast<double>(1 + rowWidth)) << "output " << i;
+  }
+}
+
+// col2im is im2col's adjoint: <im2col(x), g> = <x, col2im(g)> for random x and g.
+TEST_F(CpuBackendTest, Col2imIsTheAdjointOfIm2col) {
+  for (const ConvCase& cc : kConvCases) {
+    const ImageShape s = cc.shape;
+    const int k = cc.kernel;
+    SCOPED_TRACE(::testing::Message() << "side " << s.side << " kernel " << k);
+    const std::size_t n = static_cast<std::size_t>(s.batch * s.side * s.side * s.channels);
+    const std::size_t cols = static_cast<std::size_t>(s.batch * s.side * s.side) * static_cast<std::size_t>(k * k * s.channels);
+    const auto hostX = randomFloats(n, 610), hostG = randomFloats(cols, 611);
+    BackendBuffer<float> x(*backend_, hostX), g(*backend_, hostG), col(*backend_, cols),
+        dx(*backend_, std::vector<float>(n, 7.0f));
+    backend_->im2col(x.get(), s, k, col.get());
+    backend_->col2im(g.get(), s, k, dx.get());
+    const std::vector<float> colHost = col.download(), dxHost = dx.download();
+    double left = 0, right = 0, scale = 0;
+    for (std::size_t i = 0; i < cols; ++i) left += static_cast<double>(colHost[i]) * static_cast<double>(hostG[i]);
+    for (std::size_t i = 0; i < n; ++i) {
+      right += static_cast<double>(hostX[i]) * static_cast<double>(dxHost[i]);
+      scale += std::fabs(static_cast<double>(hostX[i]) * static_cast<double>(dxHost[i]));
+    }
+    EXPECT_NEAR(left, right, 1e-5 * (1 + scale));
+  }
+}
+
+TEST_F(CpuBackendTest, MaxPoolPicksTheFirstMaximumAndRoutesItsGradientThere) {
+  // One 4 x 4 image, 2 channels. Channel 0: distinct values; channel 1: a tie in every window.
+  const ImageShape s{1, 4, 2};
+  std::vector<float> hostX(32);
+  for (int y = 0; y < 4; ++y)
+    for (int x = 0; x < 4; ++x) {
+      hostX[static_cast<std::size_t>((y * 4 + x) * 2)] = static_cast<float>((y * 7 + x * 3) % 11) - 5.0f;
+      hostX[static_cast<std::size_t>((y * 4 + x) * 2 + 1)] = (x + y) % 2 == 1 ? 2.0f : -1.0f;  // slots 1 and 2 tie
+    }
+  BackendBuffer<float> x(*backend_, hostX), y(*backend_, 8), dy(*backend_, std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8}),
+      dx(*backend_, std::vector<float>(32, 9.0f));
+  BackendBuffer<std::uint8_t> argmax(*backend_, 8);
+  backend_->maxPool2Forward(x.get(), s, y.get(), argmax.get());
+  backend_->maxPool2Backward(dy.get(), argmax.get(), s, dx.get());
+  const auto yHost = y.download(), dxHost = dx.download();
+  const auto slots = argmax.download();
+  for (int oy = 0; oy < 2; ++oy)
+    for (int ox = 0; ox < 2; ++ox)
+      for (int c = 0; c < 2; ++c) {
+        const auto o = static_cast<std::size_t>((oy * 2 + ox) * 2 + c);
+        float best = -1e9f;
+        int bestSlot = -1;
+        for (int slot = 0; slot < 4; ++slot) {
+          const float v = pixel(hostX, s, 0, 2 * oy + slot / 2, 2 * ox + slot % 2, c);
+          if (v > best) best = v, bestSlot = slot;
+        }
+        EXPECT_EQ(yHost[o], best) << o;
+        EXPECT_EQ(slots[o], bestSlot) << o;
+        if (c == 1) {
+          EXPECT_EQ(slots[o], 1) << "a tie goes to the first slot";
+        }
+        for (int slot = 0; slot < 4; ++slot) {
+          const auto i = static_cast<std::size_t>((((2 * oy + slot / 2) * 4) + 2 * ox + slot % 2) * 2 + c);
+          EXPECT_EQ(dxHost[i], slot == bestSlot ? static_cast<float>(o + 1) : 0.0f) << "input " << i;
+        }
+      }
+}
+
+TEST_F(CpuBackendTest, ImageOpsRejectBadShapes) {
+  float buf[64] = {};
+  std::uint8_t slots[16] = {};
+  const auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message([&] { backend_->im2col(buf, {1, 2, 1}, 2, buf); }).find("kernel 2 must be odd"), std::string::npos);
+  EXPECT_NE(message([&] { backend_->col2im(buf, {1, 0, 1}, 3, buf); }).find("bad image shape"), std::string::npos);
+  EXPECT_NE(message([&] { backend_->im2col(buf, {-1, 2, 1}, 1, buf); }).find("bad image shape"), std::string::npos);
+  EXPECT_NE(message([&] { backend_->maxPool2Forward(buf, {1, 3, 1}, buf, slots); }).find("even side"),
+            std::string::npos);
+  EXPECT_NE(message([&] { backend_->maxPool2Backward(buf, slots, {1, 2, 0}, buf); }).find("bad image shape"),
+            std::string::npos);
+  // An empty batch is fine and touches nothing.
+  backend_->im2col(nullptr, {0, 5, 3}, 3, nullptr);
+  backend_->maxPool2Forward(nullptr, {0, 4, 3}, nullptr, nullptr);
+}
+
 TEST_F(CpuBackendTest, AllocReturnsZeroedAlignedMemoryAndStagingRoundTrips) {
   EXPECT_NE(backend_->describe().find("OpenBLAS"), std::string::npos) << backend_->describe();
   EXPECT_EQ(backend_->device(), Device::kCpu);
