@@ -58,7 +58,7 @@ double wireBytesPerElement(Wire wire) {
   return 4;
 }
 
-std::vector<Bucket> planBuckets(const Mlp& model, std::size_t bucketBytes) {
+std::vector<Bucket> planBuckets(const Model& model, std::size_t bucketBytes) {
   const std::size_t cap = std::max<std::size_t>(1, bucketBytes / sizeof(float));
   std::vector<Bucket> out;
   Bucket open;
@@ -87,7 +87,7 @@ std::vector<Bucket> planBuckets(const Mlp& model, std::size_t bucketBytes) {
 
 // ---- GradientSync ---------------------------------------------------------------------
 
-GradientSync::GradientSync(kernels::Backend& backend, SyncComm* comm, Mlp& model, std::size_t bucketBytes, Wire wire)
+GradientSync::GradientSync(kernels::Backend& backend, SyncComm* comm, Model& model, std::size_t bucketBytes, Wire wire)
     : backend_(backend), comm_(comm), model_(model), wire_(wire), buckets_(planBuckets(model, bucketBytes)) {
   if (wire_ == Wire::kInt8) throw std::invalid_argument("gradient sync: int8 is a DiLoCo wire format (use f32 or bf16)");
   works_.resize(buckets_.size());
@@ -270,7 +270,7 @@ void unpackInt8Add(const std::uint8_t* packed, std::size_t n, float* dst) {
 
 // ---- OuterSync --------------------------------------------------------------------------
 
-OuterSync::OuterSync(kernels::Backend& backend, SyncComm* comm, Mlp& model, OuterParams params, Wire wire)
+OuterSync::OuterSync(kernels::Backend& backend, SyncComm* comm, Model& model, OuterParams params, Wire wire)
     : backend_(backend), comm_(comm), model_(model), params_(params), wire_(wire) {
   const std::size_t n = model_.paramCount();
   anchor_ = static_cast<float*>(backend_.alloc(n * sizeof(float)));

@@ -93,18 +93,18 @@ struct Bucket {
 // Layers in backward order (L-1 first), packed whole into buckets of about bucketBytes
 // (f32): a bucket closes once it reached the size; a layer larger than that is cut into
 // bucket-sized pieces, all complete when that layer is.
-std::vector<Bucket> planBuckets(const Mlp& model, std::size_t bucketBytes);
+std::vector<Bucket> planBuckets(const Model& model, std::size_t bucketBytes);
 
 class GradientSync {
  public:
   // `comm` may be null (one rank: finish() leaves the gradients as they are).
-  GradientSync(kernels::Backend& backend, SyncComm* comm, Mlp& model, std::size_t bucketBytes, Wire wire);
+  GradientSync(kernels::Backend& backend, SyncComm* comm, Model& model, std::size_t bucketBytes, Wire wire);
   ~GradientSync();
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
-  // Pass to Mlp::forwardBackward: starts every bucket that `layer` completed.
+  // Pass to Model::forwardBackward: starts every bucket that `layer` completed.
   void onLayerDone(int layer);
   // Waits for every bucket and leaves the averaged gradients in the model; `averaged` (when
   // given) runs for each bucket's range [begin, end) of the flat buffer as soon as it is
@@ -126,7 +126,7 @@ class GradientSync {
 
   kernels::Backend& backend_;
   SyncComm* comm_;
-  Mlp& model_;
+  Model& model_;
   Wire wire_;
   std::vector<Bucket> buckets_;
   std::size_t next_ = 0;  // first bucket not yet started this step
@@ -150,7 +150,7 @@ struct OuterParams {
 
 class OuterSync {
  public:
-  OuterSync(kernels::Backend& backend, SyncComm* comm, Mlp& model, OuterParams params, Wire wire);
+  OuterSync(kernels::Backend& backend, SyncComm* comm, Model& model, OuterParams params, Wire wire);
   ~OuterSync();
   OuterSync(const OuterSync&) = delete;
   OuterSync& operator=(const OuterSync&) = delete;
@@ -168,7 +168,7 @@ class OuterSync {
 
   kernels::Backend& backend_;
   SyncComm* comm_;
-  Mlp& model_;
+  Model& model_;
   OuterParams params_;
   Wire wire_;
   float* anchor_ = nullptr;

@@ -179,7 +179,7 @@ int trainCli(int argc, char** argv, SyncComm* external, const RankHook& onJoined
   }
   app.add_option("--device", a.device, "cpu, cuda or auto (cuda when a GPU is visible)");
   app.add_option("--sync", a.sync, "ddp, diloco, hybrid or none");
-  app.add_option("--model", a.model, "MLP widths, input to classes");
+  app.add_option("--model", a.model, "Layers, input to classes: dense widths (784-1024-1024-10), optionally conv blocks of N channels right after the input (784-c16-c32-128-10)");
   app.add_option("--activation", a.activation, "relu or gelu");
   app.add_option("--optimizer", a.optimizer, "Inner optimizer: adamw or sgd (diloco: always adamw)");
   app.add_option("--lr", cfg.lr, "Inner learning rate");
@@ -214,9 +214,7 @@ int trainCli(int argc, char** argv, SyncComm* external, const RankHook& onJoined
     std::fprintf(stderr, "meridian-train: %s\n", st.message().c_str());
     return 2;
   };
-  auto widths = parseWidths(a.model);
-  if (!widths.isOk()) return fail(widths.status());
-  cfg.model.widths = *widths;
+  if (const Status st = parseModel(a.model, &cfg.model); !st.isOk()) return fail(st);
   if (a.activation == "relu") cfg.model.activation = kernels::Activation::kRelu;
   else if (a.activation == "gelu") cfg.model.activation = kernels::Activation::kGelu;
   else return fail(invalidArgument("--activation '{}': expected relu or gelu", a.activation));

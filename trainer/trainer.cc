@@ -146,6 +146,7 @@ Status restoreFloats(kernels::Backend& backend, const Checkpoint& ck, const char
 // What must match between a checkpoint and the run resuming from it.
 nlohmann::json identity(const TrainConfig& cfg, int rank, int world) {
   return {{"widths", cfg.model.widths},
+          {"conv", cfg.model.convChannels},
           {"activation", cfg.model.activation == kernels::Activation::kRelu ? "relu" : "gelu"},
           {"sync", toString(cfg.sync)},
           {"optimizer", cfg.optimizer == OptimizerKind::kSgd ? "sgd" : "adamw"},
@@ -176,7 +177,7 @@ class Run {
   // started there, keep the nice value they were born with) and records it in nice_.
   void lowerComputePriority();
   // Normalised images and labels of `indices` into `model`'s input (rows <= hostRows_).
-  void fillBatch(Mlp& model, const Dataset& data, const std::uint32_t* indices, int rows);
+  void fillBatch(Model& model, const Dataset& data, const std::uint32_t* indices, int rows);
   Status evaluate(double* accuracy, double* loss);
   // Seconds one rank alone takes for a step of the whole global batch (forward, backward,
   // optimizer; the best of three on a scratch model), the baseline of the speedup figure.
@@ -199,7 +200,7 @@ class Run {
   int rank_ = 0;
   int world_ = 1;
   Dataset train_, test_;
-  std::unique_ptr<Mlp> model_;
+  std::unique_ptr<Model> model_;
   std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<MeridianSyncComm> worldSync_;
   SyncComm* sync_ = nullptr;  // the world's collectives (Meridian's, or ctx.external)
@@ -305,7 +306,7 @@ Status Run::setUpSync() {
   return Status();
 }
 
-void Run::fillBatch(Mlp& model, const Dataset& data, const std::uint32_t* indices, int rows) {
+void Run::fillBatch(Model& model, const Dataset& data, const std::uint32_t* indices, int rows) {
   const std::size_t f = data.features();
   for (int i = 0; i < rows; ++i) {
     const std::size_t idx = indices[i];
@@ -341,7 +342,7 @@ Status Run::evaluate(double* accuracy, double* loss) {
 }
 
 double Run::oneRankStepSec(const std::vector<std::uint32_t>& order) {
-  Mlp scratch(backend_, cfg_.model, cfg_.globalBatch, cfg_.seed);
+  Model scratch(backend_, cfg_.model, cfg_.globalBatch, cfg_.seed);
   Optimizer opt(backend_, opt_->kind(), scratch.paramCount(), cfg_);
   fillBatch(scratch, train_, order.data(), cfg_.globalBatch);
   double best = 1e30;
@@ -406,6 +407,7 @@ Status Run::loadCheckpoint(std::int64_t step) {
   if (metaSec == nullptr) return invalidArgument("{}: no meta section", ck.path);
   nlohmann::json meta = nlohmann::json::parse(metaSec->data.begin(), metaSec->data.end(), nullptr, false);
   if (meta.is_discarded() || !meta.is_object()) return invalidArgument("{}: meta section is not JSON", ck.path);
+  if (!meta.contains("conv")) meta["conv"] = nlohmann::json::array();  // written before conv blocks existed
   const nlohmann::json want = identity(cfg_, rank_, world_);
   for (const auto& [key, value] : want.items()) {
     if (!meta.contains(key) || meta[key] != value)
@@ -450,13 +452,13 @@ Result<TrainSummary> Run::go() {
   if (static_cast<std::size_t>(cfg_.model.widths.front()) != train_.features() ||
       cfg_.model.widths.back() != train_.classes)
     return invalidArgument("model {} does not fit the data: {} inputs and {} classes wanted",
-                           formatWidths(cfg_.model.widths), train_.features(), train_.classes);
+                           formatModel(cfg_.model), train_.features(), train_.classes);
   const std::int64_t stepsPerEpoch = static_cast<std::int64_t>(train_.count) / cfg_.globalBatch;
   if (stepsPerEpoch < 1) return invalidArgument("--batch {} is larger than the {} training examples", cfg_.globalBatch, train_.count);
   const std::int64_t totalSteps = cfg_.maxSteps > 0 ? cfg_.maxSteps : stepsPerEpoch * cfg_.epochs;
 
   const int b = localBatch();
-  model_ = std::make_unique<Mlp>(backend_, cfg_.model, std::max(b, 500), cfg_.seed);
+  model_ = std::make_unique<Model>(backend_, cfg_.model, std::max(b, 500), cfg_.seed);
   const auto hostRows = static_cast<std::size_t>(std::max(model_->maxBatch(), cfg_.globalBatch));
   hostInput_.resize(hostRows * train_.features());
   hostLabels_.resize(hostRows);
@@ -480,7 +482,7 @@ Result<TrainSummary> Run::go() {
   }
   log(fmt::format("meridian-train: {} ranks, sync {}, model {} ({:.2f} M parameters), batch {} ({} per rank), "
                   "{} steps ({} per epoch), {} on the wire, backend {}{}",
-                  world_, toString(cfg_.sync), formatWidths(cfg_.model.widths),
+                  world_, toString(cfg_.sync), formatModel(cfg_.model),
                   static_cast<double>(model_->paramCount()) / 1e6, cfg_.globalBatch, b, totalSteps, stepsPerEpoch,
                   toString(cfg_.wire), backend_.describe(),
                   nice_ > 0 ? fmt::format(", compute at nice {} (communication first)", nice_) : std::string()));
@@ -669,7 +671,7 @@ Result<TrainSummary> train(const TrainConfig& config, const TrainContext& ctx) {
   } catch (const std::bad_alloc&) {
     return invalidArgument("out of memory on the {} backend (model {}, batch {})",
                            ctx.backend->device() == kernels::Device::kCpu ? "cpu" : "cuda",
-                           formatWidths(config.model.widths), config.globalBatch);
+                           formatModel(config.model), config.globalBatch);
   } catch (const std::exception& e) {
     return internalError("training failed: {}", e.what());
   }

@@ -136,6 +136,24 @@ TEST_F(TrainTest, DdpOnOneTwoAndFourRanksEndsWithTheSameWeights) {
   }
 }
 
+// The same for the small CNN: its convolution gradients are sums over pixels and rows that a
+// split batch adds in another grouping, within the same 1e-5.
+TEST_F(TrainTest, DdpOfTheCnnOnTwoAndFourRanksEndsWithTheSameWeights) {
+  TrainConfig cfg = smallConfig();
+  ASSERT_TRUE(parseModel("784-c4-c8-16-10", &cfg.model).isOk());
+  cfg.maxSteps = 10;
+  auto one = trainAlone(cfg);
+  ASSERT_TRUE(one.isOk()) << one.status().toString();
+  for (int n : {2, 4}) {
+    std::string failure;
+    auto ranks = trainRanks(n, cfg, &failure);
+    ASSERT_EQ(failure, "");
+    expectClose(one->params, ranks[0].params, 1e-5, "cnn ddp on " + std::to_string(n) + " ranks vs 1");
+    for (int r = 1; r < n; ++r)
+      EXPECT_EQ(ranks[static_cast<std::size_t>(r)].params, ranks[0].params) << "rank " << r << " of " << n;
+  }
+}
+
 TEST_F(TrainTest, WireFormatsAndDilocoCutTheBytes) {
   TrainConfig ddp = smallConfig();
   ddp.maxSteps = 40;
@@ -243,6 +261,13 @@ TEST_F(TrainTest, ACheckpointOfAnotherRunIsRefused) {
   ASSERT_FALSE(r.isOk());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("written by a different run (widths"), std::string::npos) << r.status().message();
+  // Same dense widths behind conv blocks: still another model.
+  cfg.model.widths = {784, 32, 10};
+  cfg.model.convChannels = {4};
+  r = trainAlone(cfg);
+  ASSERT_FALSE(r.isOk());
+  EXPECT_NE(r.status().message().find("written by a different run (conv was [], this run has [4])"), std::string::npos)
+      << r.status().message();
 }
 
 TEST_F(TrainTest, StopsAtTheTargetAccuracyOnEveryRank) {
@@ -339,6 +364,27 @@ TEST_F(TrainTest, RealFashionMnistTrainsWellAboveChance) {
   ASSERT_EQ(failure, "");
   EXPECT_GT(ranks[0].testAccuracy, 0.75);
   EXPECT_LT(ranks[0].testLoss, 0.8);
+}
+
+// The small CNN on the real data set, DDP over 2 ranks: its conv blocks learn too (one
+// rank alone measured 82.8% after these 150 steps), and the ranks end with the same weights.
+TEST_F(TrainTest, RealFashionMnistTrainsTheSmallCnnWellAboveChance) {
+  if (!fs::exists(std::string(kFashionMnistDir) + "/train-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)";
+  TrainConfig cfg;
+  ASSERT_TRUE(parseModel("784-c8-c16-64-10", &cfg.model).isOk());
+  cfg.lr = 2e-3f;
+  cfg.globalBatch = 128;
+  cfg.maxSteps = 150;
+  cfg.quiet = true;
+  cfg.evalEvery = 1000000;
+  std::string failure;
+  auto ranks = trainRanks(2, cfg, &failure);
+  ASSERT_EQ(failure, "");
+  EXPECT_GT(ranks[0].testAccuracy, 0.75);
+  EXPECT_LT(ranks[0].testLoss, 0.8);
+  ASSERT_EQ(ranks[0].params.size(), ranks[1].params.size());
+  EXPECT_EQ(ranks[0].params, ranks[1].params);
 }
 
 }  // namespace
