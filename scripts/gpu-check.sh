@@ -32,6 +32,10 @@ for n in 1 2; do
     --json "$out/train-gpu-$n.json" >"$out/train-gpu-$n.log" 2>&1 || echo "meridian-train --ranks $n failed"
   tail -n 9 "$out/train-gpu-$n.log"
 done
+# The small CNN (im2col, col2im and pooling kernels in training), one rank.
+MERIDIAN_SECRET=gpu-check "$build/trainer/meridian-train" --ranks 1 --device cuda --model 784-c16-c32-128-10 --epochs 1 \
+  --data-dir "$data" --json "$out/train-gpu-cnn.json" >"$out/train-gpu-cnn.log" 2>&1 || echo "meridian-train (cnn) failed"
+tail -n 9 "$out/train-gpu-cnn.log"
 export LD_LIBRARY_PATH="$build/nccl_plugin:${LD_LIBRARY_PATH:-}"
 export NCCL_NET_PLUGIN=meridian NCCL_NET=Meridian NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET
 export MERIDIAN_SECRET=gpu-check MERIDIAN_PATHS=127.0.0.1,127.0.0.2
