@@ -93,6 +93,7 @@ glooCmd() {
 # goes to another file, so a partial run does not replace the side-by-side one.
 read -r -a contenders <<< "${CONTENDERS:-meridian-adaptive meridian-static openmpi gloo}"
 failed=0
+collBenchUp() { grep -q '^# mpi-coll-bench' "$1"; }
 # runOne PHASE CONTENDER: one job, its rank-0 result rows in $tmp/PHASE.CONTENDER.rows.
 runOne() {
   local phase=$1 who=$2 base="$tmp/$1.$2" t0 rc=0
@@ -110,30 +111,13 @@ runOne() {
   "${lab[@]}" status --json > "$base.emu0.json"
   t0=$(date +%s.%N)
   if [ "$who" = openmpi ]; then
-    # OpenMPI's launch through the namespaces hangs now and then before any rank is up
-    # (seen once in several runs: no output for the whole timeout). Rank 0 prints its header
-    # as soon as MPI_Init returns everywhere; without it after launchTimeout seconds the launch
-    # is killed and started once more, and the note says so.
-    local attempt pid waited
-    for attempt in 1 2; do
-      timeout "$runTimeout" "${cmd[@]}" > "$base.log" 2>&1 &
-      pid=$!
-      waited=0
-      while kill -0 "$pid" 2>/dev/null && ! grep -q '^# mpi-coll-bench' "$base.log" && [ "$waited" -lt "$launchTimeout" ]; do
-        sleep 1
-        waited=$((waited + 1))
-      done
-      if [ "$attempt" -eq 1 ] && kill -0 "$pid" 2>/dev/null && ! grep -q '^# mpi-coll-bench' "$base.log"; then
-        kill -TERM "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-        echo "  (launch hung: no rank up after ${launchTimeout} s; killed and started again)" >> "$tmp/commands"
-        echo "== $phase / $who: launch hung for ${launchTimeout} s, starting it again" >&2
-        t0=$(date +%s.%N)
-        continue
-      fi
-      wait "$pid" || rc=$?
-      break
-    done
+    # Rank 0 prints its header as soon as MPI_Init returns everywhere: a launch without it
+    # after launchTimeout seconds is started once more (mpi_lab_launch), and the note says so.
+    mpi_lab_launch "$base.log" collBenchUp "$launchTimeout" "$runTimeout" "${cmd[@]}" || rc=$?
+    t0=$MPI_LAB_STARTED
+    if [ "$MPI_LAB_RELAUNCHED" = 1 ]; then
+      echo "  (launch hung: no rank up after ${launchTimeout} s; killed and started again)" >> "$tmp/commands"
+    fi
   else
     timeout "$runTimeout" "${cmd[@]}" > "$base.log" 2>&1 || rc=$?
   fi

@@ -45,12 +45,28 @@ trap cleanup EXIT
 [ -x "$trainMpi" ] || { echo "missing $trainMpi: build it (needs libopenmpi-dev)" >&2; exit 1; }
 
 rows=()
-# run NAME JSON CMD...: runs a training, keeps its summary line for the tables.
+runTimeout=${RUN_TIMEOUT:-900}
+# run NAME JSON CMD...: runs a training (at most RUN_TIMEOUT seconds), keeps its summary line
+# for the tables.
 run() {
   local name=$1 json=$2
   shift 2
   echo "== $name: $*" >&2
-  "$@" --json "$json" --quiet > "$tmp/$name.log" 2>&1 || { cat "$tmp/$name.log" >&2; echo "$name failed" >&2; exit 1; }
+  timeout --kill-after=10 "$runTimeout" "$@" --json "$json" --quiet > "$tmp/$name.log" 2>&1 || ranFailed "$name"
+  rows+=("$name|$json|$*")
+}
+ranFailed() { cat "$tmp/$1.log" >&2; echo "$1 failed" >&2; exit 1; }
+# run_mpi_lab NAME JSON CMD...: run for an mpirun into the lab, through mpi_lab_launch: up
+# once a meridian-train-mpi rank runs; a launch that hangs is started once more, and the
+# report says so.
+mpiTrainUp() { pgrep -f "^$trainMpi( |\$)" > /dev/null; }
+relaunched=()
+run_mpi_lab() {
+  local name=$1 json=$2
+  shift 2
+  echo "== $name: $*" >&2
+  mpi_lab_launch "$tmp/$name.log" mpiTrainUp 120 "$runTimeout" "$@" --json "$json" --quiet || ranFailed "$name"
+  [ "$MPI_LAB_RELAUNCHED" = 1 ] && relaunched+=("$name")
   rows+=("$name|$json|$*")
 }
 field() { python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(j[sys.argv[2]])" "$1" "$2"; }
@@ -98,12 +114,16 @@ else
     for mode in ddp diloco; do
       extra=()
       [ "$mode" != ddp ] && extra=(-H 16)
-      run "lab-$nodes-nodes-$mode-openmpi" "$tmp/lab$nodes-$mode-mpi.json" "$labBin" --lab "$labName" run \
+      run_mpi_lab "lab-$nodes-nodes-$mode-openmpi" "$tmp/lab$nodes-$mode-mpi.json" "$labBin" --lab "$labName" run \
         "${nodeNames[0]}" -- "${MPI_LAB_ARGS[@]}" "$trainMpi" --sync "$mode" "${labModel[@]}" "${extra[@]}"
     done
     "$labBin" --lab "$labName" down >/dev/null
     labUp=0
   done
+fi
+
+if ((${#relaunched[@]})); then
+  labNote+="OpenMPI's launch hung (no rank up after 120 s) and was started once more for: ${relaunched[*]}."
 fi
 
 # ---- Report ---------------------------------------------------------------------------
