@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -74,6 +75,25 @@ bool pumpLines(int fd, const std::string& prefix, std::string& partial) {
 
 }  // namespace
 
+std::vector<int> allowedCpus() {
+  std::vector<int> cpus;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  if (cpus.empty()) cpus.push_back(0);
+  return cpus;
+}
+
+std::vector<int> rankCpus(const std::vector<int>& allowed, int rank, int ranks) {
+  if (allowed.empty() || ranks < 1 || rank < 0 || rank >= ranks) throw std::invalid_argument("rankCpus: bad arguments");
+  const auto c = static_cast<std::int64_t>(allowed.size());
+  const std::int64_t lo = rank * c / ranks;
+  const std::int64_t hi = std::max(lo + 1, (rank + 1) * c / ranks);
+  return {allowed.begin() + lo, allowed.begin() + hi};
+}
+
 int launchLocalRanks(const LocalLaunchOptions& options) {
   if (options.ranks < 1) throw std::invalid_argument("--ranks must be at least 1");
   if (options.argv.empty()) throw std::invalid_argument("nothing to launch");
@@ -106,6 +126,7 @@ int launchLocalRanks(const LocalLaunchOptions& options) {
       scrapeTargets = std::make_unique<ScrapeTargetsFile>(fmt::format("local-{}", ::getpid()), targets);
     }
   }
+  const std::vector<int> cpus = options.bindCpus ? allowedCpus() : std::vector<int>{};
   const pid_t launcher = ::getpid();
   std::map<pid_t, int> children;  // pid -> rank
   std::vector<pollfd> outputs;     // read ends of the ranks' output pipes
@@ -126,6 +147,14 @@ int launchLocalRanks(const LocalLaunchOptions& options) {
       if (prefixed) {
         ::dup2(out[1], STDOUT_FILENO);
         ::dup2(out[1], STDERR_FILENO);
+      }
+      if (options.bindCpus) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        for (const int c : rankCpus(cpus, r, options.ranks)) CPU_SET(c, &set);
+        if (::sched_setaffinity(0, sizeof(set), &set) != 0)
+          std::fprintf(stderr, "meridian: rank %d: cannot bind to its CPUs (%s); running unbound\n", r,
+                       std::strerror(errno));
       }
       ::setenv("MERIDIAN_RANK", std::to_string(r).c_str(), 1);
       ::setenv("MERIDIAN_WORLD_SIZE", std::to_string(options.ranks).c_str(), 1);

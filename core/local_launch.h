@@ -29,7 +29,18 @@ struct LocalLaunchOptions {
   // Per rank: a prefix for every line the rank prints (stdout and stderr, merged); empty: no
   // prefixing, the ranks write straight to this process's stdout and stderr.
   std::vector<std::string> outputPrefixes;
+  // Bind every rank to its own share of the CPUs this process may use (rankCpus), as
+  // mpirun --bind-to core does: ranks that the scheduler moves between cores lose their
+  // caches and fall out of step with each other. A rank whose binding fails says so and
+  // runs unbound.
+  bool bindCpus = false;
 };
+
+// The CPUs this process may run on (sched_getaffinity), ascending; at least one.
+std::vector<int> allowedCpus();
+// Rank r's share of `allowed` (C CPUs) among R ranks: the block [rC/R, (r+1)C/R) when R <= C,
+// else the one CPU at floor(rC/R), so that neighbouring ranks share a CPU in groups of R/C.
+std::vector<int> rankCpus(const std::vector<int>& allowed, int rank, int ranks);
 
 // The host's online cores (at least 1): the cores its local ranks share, whatever mask
 // each rank is bound to.

@@ -1,0 +1,98 @@
+// The local launcher's CPU binding: the share each rank gets, and that a launched rank runs
+// on exactly that share.
+#include "core/local_launch.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace meridian {
+namespace {
+
+TEST(RankCpus, BlocksWhenCpusSufficeSharedCpusWhenTheyDoNot) {
+  const std::vector<int> eight{0, 1, 2, 3, 4, 5, 6, 7};
+  EXPECT_EQ(rankCpus(eight, 0, 2), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(rankCpus(eight, 1, 2), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(rankCpus(eight, 2, 3), (std::vector<int>{5, 6, 7}));  // 8/3: blocks of 2, 3, 3
+  EXPECT_EQ(rankCpus(eight, 0, 3), (std::vector<int>{0, 1}));
+  EXPECT_EQ(rankCpus(eight, 7, 8), (std::vector<int>{7}));
+  // More ranks than CPUs: neighbours share, every CPU gets the same number of ranks.
+  const std::vector<int> two{2, 5};  // whatever the allowed CPUs are called
+  std::vector<int> placed;
+  for (int r = 0; r < 4; ++r) {
+    const std::vector<int> one = rankCpus(two, r, 4);
+    ASSERT_EQ(one.size(), 1u) << "rank " << r;
+    placed.push_back(one[0]);
+  }
+  EXPECT_EQ(placed, (std::vector<int>{2, 2, 5, 5}));
+  EXPECT_EQ(rankCpus(two, 2, 3), (std::vector<int>{5}));
+  // Every rank's block is non-empty and the blocks cover the CPUs without overlap.
+  for (int ranks = 1; ranks <= 8; ++ranks) {
+    std::multiset<int> covered;
+    for (int r = 0; r < ranks; ++r)
+      for (const int c : rankCpus(eight, r, ranks)) covered.insert(c);
+    EXPECT_EQ(covered, (std::multiset<int>(eight.begin(), eight.end()))) << ranks << " ranks";
+  }
+  EXPECT_THROW(rankCpus(eight, 2, 2), std::invalid_argument);
+  EXPECT_THROW(rankCpus({}, 0, 1), std::invalid_argument);
+}
+
+TEST(AllowedCpus, AreThisProcessesAscending) {
+  const std::vector<int> cpus = allowedCpus();
+  ASSERT_FALSE(cpus.empty());
+  for (std::size_t i = 1; i < cpus.size(); ++i) EXPECT_LT(cpus[i - 1], cpus[i]);
+}
+
+// Parses /proc's Cpus_allowed_list ("0-2,5") into CPUs.
+std::vector<int> parseCpuList(const std::string& text) {
+  std::vector<int> cpus;
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    std::size_t end = text.find(',', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string part = text.substr(pos, end - pos);
+    const std::size_t dash = part.find('-');
+    const int lo = std::stoi(part.substr(0, dash));
+    const int hi = dash == std::string::npos ? lo : std::stoi(part.substr(dash + 1));
+    for (int c = lo; c <= hi; ++c) cpus.push_back(c);
+    pos = end + 1;
+  }
+  return cpus;
+}
+
+class LaunchBindTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(LaunchBindTest, EveryRankRunsOnItsShareOrUnbound) {
+  const bool bind = GetParam();
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("meridian-bind-" + std::to_string(::getpid()) + (bind ? "-on" : "-off"));
+  std::filesystem::create_directories(dir);
+  const std::vector<int> allowed = allowedCpus();
+  const int ranks = static_cast<int>(allowed.size()) * 2;  // more ranks than CPUs: they share
+  LocalLaunchOptions o;
+  o.ranks = ranks;
+  o.bindCpus = bind;
+  o.argv = {"/bin/sh", "-c",
+            "sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status > \"$0/rank$MERIDIAN_RANK\"",
+            dir.string()};
+  ASSERT_EQ(launchLocalRanks(o), 0);
+  for (int r = 0; r < ranks; ++r) {
+    std::ifstream in(dir / ("rank" + std::to_string(r)));
+    std::string line;
+    ASSERT_TRUE(std::getline(in, line)) << "rank " << r << " wrote nothing";
+    EXPECT_EQ(parseCpuList(line), bind ? rankCpus(allowed, r, ranks) : allowed) << "rank " << r << ": " << line;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Bind, LaunchBindTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "Bound" : "Unbound"; });
+
+}  // namespace
+}  // namespace meridian
