@@ -33,6 +33,7 @@ struct Args {
   std::string regions;
   int blasThreads = 1;
   std::string computeNice = "auto";
+  std::string bind = "cpus";
 };
 
 std::string human(double bytes) {
@@ -207,6 +208,10 @@ int trainCli(int argc, char** argv, SyncComm* external, const RankHook& onJoined
   app.add_option("--compute-nice", a.computeNice,
                  "Nice value of the compute thread, 0..19, so that communication goes first when cores are "
                  "short; auto: " + std::to_string(kAutoComputeNice) + " when this host runs more ranks than cores, else 0");
+  app.add_option("--bind", a.bind,
+                 "--ranks: cpus binds each rank to its own share of the CPUs this process may use (as mpirun "
+                 "--bind-to core; taskset/numactl the launcher to pick them), none leaves placement to the scheduler")
+      ->check(CLI::IsMember({"cpus", "none"}));
   app.add_flag("--quiet", cfg.quiet, "No progress lines");
   CLI11_PARSE(app, argc, argv);
 
@@ -239,7 +244,8 @@ int trainCli(int argc, char** argv, SyncComm* external, const RankHook& onJoined
     if (a.ranks > 0) {
       LocalLaunchOptions lo;
       lo.ranks = a.ranks;
-      lo.argv = relaunchArgv(argc, argv, {"--ranks", "-N", "--regions"});
+      lo.argv = relaunchArgv(argc, argv, {"--ranks", "-N", "--regions", "--bind"});
+      lo.bindCpus = a.bind == "cpus";
       if (!a.regions.empty()) {
         const std::vector<std::string> names = splitCommaList(a.regions);
         if (names.size() != static_cast<std::size_t>(a.ranks))

@@ -170,6 +170,7 @@ TEST_F(TrainProcessTest, BadInputGetsAClearError) {
       {"--ranks 2 --regions eu", "names 1 regions for 2 ranks"},
       {"--ranks 2 --batch 63 --max-steps 1", "multiple of the 2 ranks"},
       {"--ranks 2 --sync hybrid --max-steps 1", "MERIDIAN_REGION"},
+      {"--ranks 2 --bind sometimes", "--bind: sometimes not in {cpus,none}"},
   };
   for (const auto& c : cases) {
     auto r = runShell(train(c.args));
