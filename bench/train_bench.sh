@@ -6,10 +6,12 @@
 #              EPOCHS epochs: test accuracy and the time to TARGET (default 0.88); DiLoCo
 #              (H=16) the same way.
 #   overlap    exposed communication as a share of the step, 4 ranks, 4 MiB buckets (overlapped
-#              with backward; the default: same-host direct reads, the direct exchange and the
-#              compute thread at nice 10; then without the nice, then also with the ring, then
+#              with backward; the default: ranks bound to their share of the CPUs, same-host
+#              direct reads, the direct exchange and the compute thread at nice 10; then
+#              unbound, then without the nice, then also with the ring, then
 #              with MERIDIAN_DIRECT_READ=off) against one bucket of the whole gradient (no
-#              overlap), side by side, and one rank alone.
+#              overlap), side by side, and one rank alone; OVERLAP_ROUNDS alternated rounds,
+#              medians and ranges in the table.
 # Part 2, the lab (root and /dev/net/tun; skipped with a note otherwise): 1, 2, 4 and 6
 #   nodes across regions (two-regions.yaml with 1 or 2 nodes per region, three-regions.yaml
 #   with 2 per region; time scale 0.25, WAN links WAN_RATE Mbit/s per plane as in
@@ -20,7 +22,7 @@
 #   says how mpirun reaches the namespaces), DDP and DiLoCo, side by side in the same lab.
 #   Locally, meridian-train-mpi runs too (TCP BTL over loopback, as compare_mpi.sh).
 #
-# Usage: [EPOCHS=5] [TARGET=0.88] [LAB_STEPS=120] [WAN_RATE=40] bench/train_bench.sh [BUILD_DIR]
+# Usage: [EPOCHS=5] [TARGET=0.88] [OVERLAP_ROUNDS=5] [LAB_STEPS=120] [WAN_RATE=40] bench/train_bench.sh [BUILD_DIR]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
@@ -74,15 +76,26 @@ field() { python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(j[s
 # ---- Part 1: loopback --------------------------------------------------------------------
 run ddp4-accuracy "$tmp/ddp4.json" "$train" --ranks 4 --sync ddp --epochs "$epochs" --target-accuracy "$target"
 run diloco4-accuracy "$tmp/diloco4.json" "$train" --ranks 4 --sync diloco -H 16 --epochs "$epochs" --target-accuracy "$target"
-run one-rank "$tmp/one.json" "$train" --ranks 1 --max-steps 150
-run ddp4-buckets-4MiB "$tmp/b4.json" "$train" --ranks 4 --sync ddp --max-steps 150
-run ddp4-compute-nice-0 "$tmp/b4n0.json" "$train" --ranks 4 --sync ddp --max-steps 150 --compute-nice 0
-run ddp4-ring-nice-0 "$tmp/b4ring.json" env MERIDIAN_ALGO=ring "$train" --ranks 4 --sync ddp --max-steps 150 --compute-nice 0
-run ddp4-sockets-only "$tmp/b4tcp.json" env MERIDIAN_DIRECT_READ=off "$train" --ranks 4 --sync ddp --max-steps 150
-run ddp4-one-bucket "$tmp/b1.json" "$train" --ranks 4 --sync ddp --max-steps 150 --bucket-mb 64
-run ddp4-bf16-wire "$tmp/bf16.json" "$train" --ranks 4 --sync ddp --max-steps 150 --wire bf16
-run openmpi-ddp4 "$tmp/mpi4.json" mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl tcp,self \
-  --mca btl_tcp_if_include lo -np 4 "$trainMpi" --sync ddp --max-steps 150
+# The overlap runs are short and this machine is noisy: OVERLAP_ROUNDS rounds, each running
+# every configuration once in turn, and the table shows each one's median and range.
+overlapRuns=(
+  "one-rank|$train --ranks 1 --max-steps 150"
+  "ddp4-buckets-4MiB|$train --ranks 4 --sync ddp --max-steps 150"
+  "ddp4-unbound|$train --ranks 4 --sync ddp --max-steps 150 --bind none"
+  "ddp4-compute-nice-0|$train --ranks 4 --sync ddp --max-steps 150 --compute-nice 0"
+  "ddp4-ring-nice-0|env MERIDIAN_ALGO=ring $train --ranks 4 --sync ddp --max-steps 150 --compute-nice 0"
+  "ddp4-sockets-only|env MERIDIAN_DIRECT_READ=off $train --ranks 4 --sync ddp --max-steps 150"
+  "ddp4-one-bucket|$train --ranks 4 --sync ddp --max-steps 150 --bucket-mb 64"
+  "ddp4-bf16-wire|$train --ranks 4 --sync ddp --max-steps 150 --wire bf16"
+  "openmpi-ddp4|mpirun --allow-run-as-root --oversubscribe --bind-to core:overload-allowed --mca btl tcp,self --mca btl_tcp_if_include lo -np 4 $trainMpi --sync ddp --max-steps 150"
+)
+overlapRounds=${OVERLAP_ROUNDS:-5}
+for ((round = 1; round <= overlapRounds; round++)); do
+  for entry in "${overlapRuns[@]}"; do
+    # shellcheck disable=SC2086  # the command is a word list without quoting
+    run "${entry%%|*}#$round" "$tmp/${entry%%|*}-$round.json" ${entry#*|}
+  done
+done
 
 # ---- Part 2: the lab ------------------------------------------------------------------------
 labNote=""
@@ -127,10 +140,10 @@ if ((${#relaunched[@]})); then
 fi
 
 # ---- Report ---------------------------------------------------------------------------
-python3 - "$out" "$labNote" "$(date -u +%Y-%m-%dT%H:%MZ)" "$(nproc)" "${rows[@]}" <<'EOF'
-import json, sys
-out, note, when, cores = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-rows = [r.split("|", 2) for r in sys.argv[5:]]
+python3 - "$out" "$labNote" "$(date -u +%Y-%m-%dT%H:%MZ)" "$(nproc)" "$overlapRounds" "${rows[@]}" <<'EOF'
+import json, statistics, sys
+out, note, when, cores, rounds = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+rows = [r.split("|", 2) for r in sys.argv[6:]]
 data = {name: (json.load(open(path)), cmd) for name, path, cmd in rows}
 def pct(x): return f"{100*x:.2f}%"
 def exposed(j): return j["exposed_comm_s"] / max(j["compute_s"] + j["exposed_comm_s"], 1e-9)
@@ -149,20 +162,29 @@ for n in ("ddp4-accuracy", "diloco4-accuracy"):
              f"{j['samples_per_s']:.0f} | {pct(exposed(j))} | {j['payload_bytes']/1e9:.2f} GB |")
 L.append("\n## Overlap (4 local ranks, loopback, 150 steps of the default model)\n")
 L.append("Exposed communication = time a rank waits for gradient averages after its backward pass,")
-L.append("as a share of compute + exposed communication. By default the 4 local ranks move large")
-L.append("messages by same-host direct reads (docs/transport.md), average by the direct exchange")
-L.append("(docs/routing.md), and, being more ranks than cores, train at nice 10 so that communication")
-L.append("goes first (docs/trainer.md). ddp4-compute-nice-0 drops the nice, ddp4-ring-nice-0 also the")
+L.append("as a share of compute + exposed communication. By default the 4 local ranks are bound to")
+L.append("their share of the CPUs (two to a core here), move large messages by same-host direct reads")
+L.append("(docs/transport.md), average by the direct exchange (docs/routing.md), and, being more ranks")
+L.append("than cores, train at nice 10 so that communication goes first (docs/trainer.md).")
+L.append("ddp4-unbound leaves their placement to the scheduler (--bind none); ddp4-compute-nice-0")
+L.append("(bound) drops the nice, ddp4-ring-nice-0 also the")
 L.append("direct exchange (MERIDIAN_ALGO=ring), ddp4-sockets-only moves everything over loopback TCP")
-L.append("(MERIDIAN_DIRECT_READ=off, so the ring as well). Target: at most 20%.\n")
+L.append("(MERIDIAN_DIRECT_READ=off, so the ring as well). openmpi-ddp4 binds its ranks too")
+L.append("(--bind-to core:overload-allowed). Target: at most 20%.\n")
+L.append(f"Each row: the median of {rounds} runs (range in brackets), the runs alternating with the other rows'.\n")
 L.append("| run | exposed comm | step compute | samples/s | speedup vs one rank | compute nice |")
 L.append("| --- | --- | --- | --- | --- | --- |")
-one = data["one-rank"][0]
-for n in ("one-rank", "ddp4-buckets-4MiB", "ddp4-compute-nice-0", "ddp4-ring-nice-0", "ddp4-sockets-only",
+def runsOf(base): return [data[n][0] for n in data if n.split("#")[0] == base]
+def med(xs): return statistics.median(xs)
+oneSps = med([j["samples_per_s"] for j in runsOf("one-rank")])
+for n in ("one-rank", "ddp4-buckets-4MiB", "ddp4-unbound", "ddp4-compute-nice-0", "ddp4-ring-nice-0", "ddp4-sockets-only",
           "ddp4-one-bucket", "ddp4-bf16-wire", "openmpi-ddp4"):
-    j, _ = data[n]
-    L.append(f"| {n} | {pct(exposed(j))} | {1e3*j['compute_s']/max(j['steps'],1):.1f} ms | {j['samples_per_s']:.0f} | "
-             f"{j['samples_per_s']/one['samples_per_s']:.2f}x | {j.get('compute_nice', 0)} |")
+    js = runsOf(n)
+    ex = [exposed(j) for j in js]
+    sps = med([j["samples_per_s"] for j in js])
+    step = med([1e3 * j["compute_s"] / max(j["steps"], 1) for j in js])
+    L.append(f"| {n} | {pct(med(ex))} [{pct(min(ex))}-{pct(max(ex))}] | {step:.1f} ms | {sps:.0f} | "
+             f"{sps / oneSps:.2f}x | {js[0].get('compute_nice', 0)} |")
 lab = [n for n in data if n.startswith("lab-")]
 L.append("\n## Scaling across regions (the lab)\n")
 if note:
