@@ -62,16 +62,16 @@ ranFailed() { cat "$tmp/$1.log" >&2; echo "$1 failed" >&2; exit 1; }
 # once a meridian-train-mpi rank runs; a launch that hangs is started once more, and the
 # report says so.
 mpiTrainUp() { pgrep -f "^$trainMpi( |\$)" > /dev/null; }
+mpiLaunchTimeout=120
 relaunched=()
 run_mpi_lab() {
   local name=$1 json=$2
   shift 2
   echo "== $name: $*" >&2
-  mpi_lab_launch "$tmp/$name.log" mpiTrainUp 120 "$runTimeout" "$@" --json "$json" --quiet || ranFailed "$name"
+  mpi_lab_launch "$tmp/$name.log" mpiTrainUp "$mpiLaunchTimeout" "$runTimeout" "$@" --json "$json" --quiet || ranFailed "$name"
   [ "$MPI_LAB_RELAUNCHED" = 1 ] && relaunched+=("$name")
   rows+=("$name|$json|$*")
 }
-field() { python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(j[sys.argv[2]])" "$1" "$2"; }
 
 # ---- Part 1: loopback --------------------------------------------------------------------
 run ddp4-accuracy "$tmp/ddp4.json" "$train" --ranks 4 --sync ddp --epochs "$epochs" --target-accuracy "$target"
@@ -135,15 +135,16 @@ else
   done
 fi
 
+relaunchNote=""
 if ((${#relaunched[@]})); then
-  labNote+="OpenMPI's launch hung (no rank up after 120 s) and was started once more for: ${relaunched[*]}."
+  relaunchNote="OpenMPI's launch hung (no rank up after $mpiLaunchTimeout s) and was started once more for: ${relaunched[*]}."
 fi
 
 # ---- Report ---------------------------------------------------------------------------
-python3 - "$out" "$labNote" "$(date -u +%Y-%m-%dT%H:%MZ)" "$(nproc)" "$overlapRounds" "${rows[@]}" <<'EOF'
+python3 - "$out" "$labNote" "$relaunchNote" "$(date -u +%Y-%m-%dT%H:%MZ)" "$(nproc)" "$overlapRounds" "${rows[@]}" <<'EOF'
 import json, statistics, sys
-out, note, when, cores, rounds = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
-rows = [r.split("|", 2) for r in sys.argv[6:]]
+out, note, relaunchNote, when, cores, rounds = sys.argv[1:7]
+rows = [r.split("|", 2) for r in sys.argv[7:]]
 data = {name: (json.load(open(path)), cmd) for name, path, cmd in rows}
 def pct(x): return f"{100*x:.2f}%"
 def exposed(j): return j["exposed_comm_s"] / max(j["compute_s"] + j["exposed_comm_s"], 1e-9)
@@ -195,6 +196,8 @@ else:
     L.append("The nodes share this machine's 2 cores, so compute per node slows as nodes are added;")
     L.append("the one-node figure is one process alone.\n")
     L.append("OpenMPI rows: the same loop with MPI_Iallreduce / MPI_Allreduce (no transport byte counts).\n")
+    if relaunchNote:
+        L.append(relaunchNote + "\n")
     L.append("| run | nodes | regions | samples/s | speedup | efficiency | exposed comm | cross-region bytes | test accuracy |")
     L.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for n in lab:
