@@ -21,6 +21,7 @@
 
 #include "core/file_util.h"
 #include "core/knobs.h"
+#include "transport/tcp/endpoint.h"
 #include "transport/tcp/tcp_device.h"
 
 using namespace meridian;
@@ -162,10 +163,10 @@ int main(int argc, char** argv) {
   flow.poll = poll;
   try {
     flow.size = static_cast<std::size_t>(parseByteSize(sizeText, "--size"));
-    tcp::DeviceOptions o;
+    DeviceOptions o;
     o.localAddresses.clear();
     for (int i = 0; i < paths; ++i) o.localAddresses.push_back("127.0.0." + std::to_string(i + 1));
-    o.streamsPerPath = streams;
+    o.tcp.streamsPerPath = streams;
     o.chunkBytes = static_cast<std::size_t>(parseByteSize(chunkText, "--chunk"));
     o.secret = "transport-bench";
     auto deadline = Clock::now() + std::chrono::seconds(30);
@@ -199,15 +200,16 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "meridian-transport-bench: no addresses in %s\n", handleFile.c_str());
         return 1;
       }
-      tx = must(a->openChannel({kSession, kSenderRank, 0, true, peer}, deadline), "connect");
+      tx = must(a->openChannel({kSession, kSenderRank, 0, true, must(tcp::encodeEndpoint(peer), "endpoint")}, deadline),
+                "connect");
     } else {
       o.name = "tx";
       a = must(tcp::TcpDevice::create(o), "device");
       o.name = "rx";
       b = must(tcp::TcpDevice::create(o), "device");
       Result<ChannelPtr> r = internalError("not run");
-      std::thread t([&] { r = b->openChannel({kSession, 1, 0, false, a->listenAddresses()}, deadline); });
-      auto s = a->openChannel({kSession, 0, 1, true, b->listenAddresses()}, deadline);
+      std::thread t([&] { r = b->openChannel({kSession, 1, 0, false, a->endpoint()}, deadline); });
+      auto s = a->openChannel({kSession, 0, 1, true, b->endpoint()}, deadline);
       t.join();
       tx = must(std::move(s), "connect");
       rx = must(std::move(r), "accept");

@@ -24,11 +24,10 @@
 #include "core/check.h"
 #include "core/fd.h"
 #include "core/knobs.h"
+#include "core/local_launch.h"
 #include "core/log.h"
 #include "core/metrics.h"
 #include "core/secret.h"
-#include "transport/tcp/direct_read.h"
-#include "transport/tcp/tcp_device.h"
 
 namespace meridian::collectives {
 
@@ -57,49 +56,25 @@ bool isCollective(Communicator::OpKind k) {
 }
 
 
-// Same-host direct reads (transport/tcp/direct_read.h): two rounds over the store. Every
-// rank offers its host key, pid and a cookie's address (or nothing when disabled), test-reads
-// the cookies of the peers on its host, and publishes whom it can read; a channel then reads
-// its peer directly when it could read the cookie, and sends by reference when the peer could.
-struct DirectReads {
-  std::vector<std::int64_t> readPid;  // [rank]: 0 = not read directly
-  std::vector<bool> peerReadsUs;      // [rank]
-  bool everyPair = false;             // every rank reads every other (the same on all ranks)
-};
+// The set-up exchange a device may use to settle group-wide things (transport/device.h),
+// over this communicator's keys in the store.
+class StoreExchange final : public transport::GroupExchange {
+ public:
+  StoreExchange(Store& store, std::string base, int rank, int size)
+      : store_(store), base_(std::move(base)), rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Result<std::vector<std::vector<std::uint8_t>>> allGather(std::string_view key, std::span<const std::uint8_t> mine,
+                                                           TimePoint deadline) override {
+    return storeAllGather(store_, fmt::format("{}/device/{}", base_, key), rank_, size_, mine, deadline);
+  }
 
-Result<DirectReads> planDirectReads(Store& store, const std::string& base, int rank, int worldSize, bool enabled,
-                                    TimePoint deadline) {
-  const auto n = static_cast<std::size_t>(worldSize);
-  DirectReads plan{std::vector<std::int64_t>(n, 0), std::vector<bool>(n, false)};
-  const std::string offer = enabled ? transport::tcp::encodeDirectReadOffer(transport::tcp::localDirectReadOffer()) : "";
-  auto asBytes = [](const std::string& v) {
-    return std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(v.data()), v.size());
-  };
-  MERIDIAN_ASSIGN_OR_RETURN(auto offers, storeAllGather(store, base + "/direct-offer", rank, worldSize, asBytes(offer), deadline));
-  std::string readable(n, '0');
-  for (std::size_t peer = 0; peer < n; ++peer) {
-    if (!enabled || peer == static_cast<std::size_t>(rank) || offers[peer].empty()) continue;
-    auto o = transport::tcp::decodeDirectReadOffer(offers[peer]);
-    if (!o) return o.status().withContext(fmt::format("rank {}'s direct-read offer", peer));
-    if (transport::tcp::canReadDirect(o.value())) {
-      plan.readPid[peer] = o->pid;
-      readable[peer] = '1';
-    }
-  }
-  MERIDIAN_ASSIGN_OR_RETURN(auto reads, storeAllGather(store, base + "/direct-reads", rank, worldSize, asBytes(readable), deadline));
-  int sameHost = 0;
-  plan.everyPair = enabled && n > 1;
-  for (std::size_t peer = 0; peer < n; ++peer) {
-    if (reads[peer].size() != n) {
-      return peerError("rank {} published a direct-read mask of {} entries for {} ranks", peer, reads[peer].size(), n);
-    }
-    for (std::size_t q = 0; q < n; ++q) plan.everyPair = plan.everyPair && (q == peer || reads[peer][q] == '1');
-    plan.peerReadsUs[peer] = enabled && reads[peer][static_cast<std::size_t>(rank)] == '1';
-    sameHost += plan.readPid[peer] > 0 ? 1 : 0;
-  }
-  if (sameHost > 0) MLOG_INFO(kCollectives, "rank {} reads {} same-host peer(s) directly", rank, sameHost);
-  return plan;
-}
+ private:
+  Store& store_;
+  std::string base_;
+  int rank_;
+  int size_;
+};
 
 }  // namespace
 // ---- Metrics ------------------------------------------------------------------------
@@ -166,6 +141,7 @@ Result<std::unique_ptr<Communicator>> Communicator::create(Store& store, int ran
     opts.ringSegmentBytes = static_cast<std::size_t>(knobInt(knobs::kRingSegmentBytes, 1, std::int64_t{1} << 34));
   }
   log::setRank(rank);
+  transport::setWaitersShareCores(localRanksOutnumberCores());
   const TimePoint deadline = Clock::now() + opts.timeout;
 
   std::unique_ptr<Communicator> comm(new Communicator(rank, worldSize, opts));
@@ -195,16 +171,17 @@ Result<std::unique_ptr<Communicator>> Communicator::create(Store& store, int ran
   if (directRead != "auto" && directRead != "off") {
     return invalidArgument("MERIDIAN_DIRECT_READ must be auto or off, not '{}'", directRead);
   }
-  transport::tcp::DeviceOptions dev;
+  transport::DeviceOptions dev;
   dev.adaptive = comm->adaptive_;
   dev.relaySlot = comm->relay_;
+  dev.directRead = directRead == "auto";
   dev.localAddresses = opts.localAddresses;
-  dev.streamsPerPath = opts.streamsPerPath;
+  dev.tcp.streamsPerPath = opts.streamsPerPath;
   dev.secret = opts.secret;
   if (opts.name.size() > 6) return invalidArgument("communicator name '{}' is longer than 6 characters", opts.name);
   comm->metricsName_ = opts.name + std::to_string(rank);
   dev.name = comm->metricsName_;
-  MERIDIAN_ASSIGN_OR_RETURN(comm->device_, transport::tcp::TcpDevice::create(std::move(dev)));
+  MERIDIAN_ASSIGN_OR_RETURN(comm->device_, transport::Device::create(std::move(dev)));
 
   // Communicators created in the same order on every rank get the same generation.
   MERIDIAN_ASSIGN_OR_RETURN(std::int64_t ticket, store.add(opts.storePrefix + "/generation", 1));
@@ -225,31 +202,23 @@ Result<std::unique_ptr<Communicator>> Communicator::create(Store& store, int ran
     std::memcpy(&comm->sessionId_, v.data(), sizeof(comm->sessionId_));
   }
 
-  const std::string mine = joinCommaList(comm->device_->listenAddresses());
-  MERIDIAN_ASSIGN_OR_RETURN(
-      auto blobs, storeAllGather(store, base + "/addr", rank, worldSize,
-                                 std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(mine.data()),
-                                                               mine.size()),
-                                 deadline));
-
-  MERIDIAN_ASSIGN_OR_RETURN(DirectReads direct, planDirectReads(store, base, rank, worldSize, directRead == "auto", deadline));
-  comm->allSameHost_ = direct.everyPair;
+  MERIDIAN_ASSIGN_OR_RETURN(comm->peerEndpoints_,
+                            storeAllGather(store, base + "/addr", rank, worldSize, comm->device_->endpoint(), deadline));
+  StoreExchange exchange(store, base, rank, worldSize);
+  MERIDIAN_ASSIGN_OR_RETURN(const transport::GroupInfo group,
+                            comm->device_->joinGroup(exchange, comm->sessionId_, deadline));
+  comm->allSameHost_ = group.everyPairReadsDirect;
 
   // Full mesh: connect to every higher rank, then take the lower ranks' connections.
   comm->channels_.resize(static_cast<std::size_t>(worldSize));
-  comm->peerAddresses_.resize(static_cast<std::size_t>(worldSize));
   auto open = [&](int peer, bool initiate) -> Status {
-    transport::tcp::ChannelSpec spec;
+    transport::ChannelSpec spec;
     spec.sessionId = comm->sessionId_;
     spec.selfRank = rank;
     spec.peerRank = peer;
     spec.initiate = initiate;
-    // Both sides pass the peer's addresses: the path count is min(ours, theirs).
-    const auto& blob = blobs[static_cast<std::size_t>(peer)];
-    spec.peerAddresses = splitCommaList(std::string(blob.begin(), blob.end()));
-    spec.readPeerPid = direct.readPid[static_cast<std::size_t>(peer)];
-    spec.peerReadsDirect = direct.peerReadsUs[static_cast<std::size_t>(peer)];
-    comm->peerAddresses_[static_cast<std::size_t>(peer)] = spec.peerAddresses;
+    // Both sides pass the peer's endpoint: the path count is min(ours, theirs).
+    spec.peer = comm->peerEndpoints_[static_cast<std::size_t>(peer)];
     auto ch = comm->device_->openChannel(spec, deadline);
     if (!ch.isOk()) return ch.status().withContext(fmt::format("rank {}: channel to rank {}", rank, peer));
     comm->channels_[static_cast<std::size_t>(peer)] = std::move(ch).value();
@@ -260,8 +229,9 @@ Result<std::unique_ptr<Communicator>> Communicator::create(Store& store, int ran
 
   MERIDIAN_RETURN_IF_ERROR(comm->startRouting(store, base, opts, deadline));
   comm->worker_ = std::thread([c = comm.get()] { c->workerLoop(); });
-  MLOG_INFO(kCollectives, "communicator up: rank {} of {}, session {:016x}, paths {}", rank, worldSize,
-            comm->sessionId_, mine);
+  MLOG_INFO(kCollectives, "communicator up: rank {} of {}, session {:016x}, {} paths {}", rank, worldSize,
+            comm->sessionId_, transport::deviceKindName(comm->device_->kind()),
+            comm->device_->describe(comm->device_->endpoint()));
   return comm;
 }
 
@@ -400,11 +370,7 @@ Status Communicator::startRouting(Store& store, const std::string& base, const C
     rc.regionNames = regionNames_;
     if (relay_) {
       rc.openRelay = [this](int peer, int via, int plane) {
-        const auto& addresses = peerAddresses_[static_cast<std::size_t>(via)];
-        if (plane < 0 || static_cast<std::size_t>(plane) >= addresses.size()) {
-          return invalidArgument("rank {} has no plane {}", via, plane);
-        }
-        transport::tcp::RelaySpec spec{sessionId_, rank_, peer, via, addresses[static_cast<std::size_t>(plane)], plane};
+        transport::RelaySpec spec{sessionId_, rank_, peer, via, peerEndpoints_[static_cast<std::size_t>(via)], plane};
         return device_->openRelay(spec, Clock::now() + kRelayOpenTimeout);
       };
       rc.closeRelay = [this](int peer) { return device_->closeRelay(sessionId_, peer); };

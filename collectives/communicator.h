@@ -44,10 +44,7 @@
 #include "kernels/types.h"
 #include "routing/path_monitor.h"
 #include "transport/channel.h"
-
-namespace meridian::transport::tcp {
-class TcpDevice;
-}
+#include "transport/device.h"
 
 namespace meridian::collectives {
 
@@ -246,9 +243,9 @@ class Communicator {
   std::unique_ptr<PlanSync> planSync_;
   std::unique_ptr<RoutingControl> control_;
   double meanOpSec_ = 0;  // recent collective durations (op thread), spaces plan checkpoints
-  std::unique_ptr<transport::tcp::TcpDevice> device_;
+  std::unique_ptr<transport::Device> device_;
   std::vector<transport::ChannelPtr> channels_;  // [rank]; [rank_] is null; cleared on abort
-  std::vector<std::vector<std::string>> peerAddresses_;  // [rank]: its listen addresses, per plane
+  std::vector<transport::EndpointName> peerEndpoints_;  // [rank]: its device's endpoint()
   bool relay_ = false;  // channels have relay slots (adaptive routing, MERIDIAN_RELAY=auto)
   // After the channels: it hands them weights from its own thread, so it goes first.
   std::unique_ptr<routing::PathMonitor> monitor_;

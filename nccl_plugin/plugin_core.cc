@@ -22,21 +22,21 @@
 
 #include "core/clock.h"
 #include "core/knobs.h"
+#include "core/local_launch.h"
 #include "core/log.h"
 #include "core/metrics.h"
 #include "core/wire.h"
-#include "routing/tcp_path_judge.h"
-#include "transport/tcp/socket.h"
+#include "routing/path_judge.h"
 
 namespace meridian::plugin {
 
 namespace {
 
 constexpr std::uint32_t kHandleMagic = 0x4844524D;  // "MRDH"
-constexpr std::uint8_t kHandleVersion = 1;
+// 2: the listener's device endpoint (transport/device.h) in place of ip and port per path.
+constexpr std::uint8_t kHandleVersion = 2;
 constexpr std::size_t kHandleHeaderBytes = 24;
-constexpr std::size_t kHandlePathBytes = 8;
-static_assert(kHandleHeaderBytes + ConnectHandle::kMaxPaths * kHandlePathBytes <= ConnectHandle::kBytes);
+static_assert(kHandleHeaderBytes + ConnectHandle::kMaxEndpointBytes == ConnectHandle::kBytes);
 constexpr int kUnknownSpeedMbps = 10'000;
 // How often the routing monitor judges the send connections' paths (the device reads TCP_INFO
 // once a second; a quicker look acts on a fresh reading sooner).
@@ -100,43 +100,33 @@ Status checkedIndex(int dev, int count) {
 
 // ---------------------------------------------------------------- the handle
 
-void encodeHandle(const ConnectHandle& h, std::span<std::uint8_t, ConnectHandle::kBytes> out) {
+Status encodeHandle(const ConnectHandle& h, std::span<std::uint8_t, ConnectHandle::kBytes> out) {
+  if (h.endpoint.empty() || h.endpoint.size() > ConnectHandle::kMaxEndpointBytes) {
+    return invalidArgument("a device endpoint of {} bytes does not fit a connection handle (1 to {}; at most {} paths)",
+                           h.endpoint.size(), ConnectHandle::kMaxEndpointBytes, ConnectHandle::kMaxPaths);
+  }
   std::fill(out.begin(), out.end(), 0);
   wire::store<std::uint32_t>(&out[0], kHandleMagic);
   out[4] = kHandleVersion;
-  out[5] = static_cast<std::uint8_t>(std::min(h.addresses.size(), ConnectHandle::kMaxPaths));
+  out[5] = static_cast<std::uint8_t>(h.endpoint.size());
   wire::store<std::uint64_t>(&out[8], h.listenId);
   wire::store<std::uint64_t>(&out[16], h.pending);
-  for (std::size_t p = 0; p < out[5]; ++p) {
-    auto hp = transport::tcp::parseHostPort(h.addresses[p]);
-    in_addr a{};
-    if (hp) ::inet_pton(AF_INET, hp->host.c_str(), &a);
-    std::uint8_t* at = &out[kHandleHeaderBytes + p * kHandlePathBytes];
-    std::memcpy(at, &a.s_addr, 4);  // network order as is
-    wire::store<std::uint16_t>(at + 4, hp ? hp->port : 0);
-  }
+  std::copy(h.endpoint.begin(), h.endpoint.end(), out.begin() + kHandleHeaderBytes);
+  return Status::ok();
 }
 
 Result<ConnectHandle> decodeHandle(std::span<const std::uint8_t, ConnectHandle::kBytes> in) {
   if (wire::load<std::uint32_t>(&in[0]) != kHandleMagic) return invalidArgument("not a Meridian connection handle");
   if (in[4] != kHandleVersion) return invalidArgument("connection handle version {} (this plugin speaks {})", in[4], kHandleVersion);
-  const std::size_t paths = in[5];
-  if (paths == 0 || paths > ConnectHandle::kMaxPaths) {
-    return invalidArgument("connection handle with {} paths (1 to {})", paths, ConnectHandle::kMaxPaths);
+  const std::size_t bytes = in[5];
+  if (bytes == 0 || bytes > ConnectHandle::kMaxEndpointBytes) {
+    return invalidArgument("connection handle with an endpoint of {} bytes (1 to {})", bytes,
+                           ConnectHandle::kMaxEndpointBytes);
   }
   ConnectHandle h;
   h.listenId = wire::load<std::uint64_t>(&in[8]);
   h.pending = wire::load<std::uint64_t>(&in[16]);
-  for (std::size_t p = 0; p < paths; ++p) {
-    const std::uint8_t* at = &in[kHandleHeaderBytes + p * kHandlePathBytes];
-    in_addr a{};
-    std::memcpy(&a.s_addr, at, 4);
-    char ip[INET_ADDRSTRLEN] = {};
-    ::inet_ntop(AF_INET, &a, ip, sizeof(ip));
-    const std::uint16_t port = wire::load<std::uint16_t>(at + 4);
-    if (port == 0) return invalidArgument("connection handle path {} has port 0", p);
-    h.addresses.push_back(fmt::format("{}:{}", ip, port));
-  }
+  h.endpoint.assign(in.begin() + kHandleHeaderBytes, in.begin() + kHandleHeaderBytes + static_cast<std::ptrdiff_t>(bytes));
   return h;
 }
 
@@ -315,7 +305,7 @@ struct ListenComm {
 struct Route {
   int connectionId = 0;
   transport::ChannelPtr channel;
-  routing::TcpPathJudge judge;  // the monitor's, under Core::judgeMu_
+  routing::PathJudge judge;  // the monitor's, under Core::judgeMu_
 };
 
 struct SendComm {
@@ -363,7 +353,7 @@ Result<Core*> Core::instance() {
   (void)MetricsRegistry::global();
   std::atexit([] {
     core->stopMonitor();
-    for (auto& d : core->devices_) d.tcp.reset();
+    for (auto& d : core->devices_) d.transport.reset();
   });
   if (core->adaptive_) core->monitor_ = std::thread([] { core->monitorLoop(); });
   return core;
@@ -400,7 +390,7 @@ void Core::judgePathsOnce() {
     const std::vector<transport::PathStats> stats = r->channel->pathStats();
     std::optional<std::vector<double>> weights = r->judge.update(now, stats);
     for (std::size_t path : r->judge.changed()) {
-      const routing::TcpPathVerdict& v = r->judge.verdicts()[path];
+      const routing::PathVerdict& v = r->judge.verdicts()[path];
       MLOG_INFO(kPlugin, "connection {}: path {} ({}) {}: {}", r->connectionId, path, stats[path].localAddress,
                 v.state == routing::CongestionState::kCongested ? "congested" : "clear again", v.reason);
     }
@@ -409,6 +399,7 @@ void Core::judgePathsOnce() {
 }
 
 Status Core::init() {
+  transport::setWaitersShareCores(localRanksOutnumberCores());
   const auto ifs = upInterfaces();
   std::vector<std::string> paths = splitCommaList(knobString(knobs::kPaths));
   if (paths.empty()) {
@@ -453,12 +444,12 @@ Status Core::init() {
       }
       MERIDIAN_RETURN_IF_ERROR(applyMeasuredLinks(links, dev.info, planes));
     }
-    transport::tcp::DeviceOptions o;
+    transport::DeviceOptions o;
     o.localAddresses = groups[d];
     o.name = fmt::format("nccl{}", d);
     o.adaptive = adaptive_;
     o.labelPeersByHost = true;
-    MERIDIAN_ASSIGN_OR_RETURN(dev.tcp, transport::tcp::TcpDevice::create(std::move(o)));
+    MERIDIAN_ASSIGN_OR_RETURN(dev.transport, transport::Device::create(std::move(o)));
     devices_.push_back(std::move(dev));
   }
   return Status::ok();
@@ -471,8 +462,8 @@ Result<ListenComm*> Core::listen(int dev, std::span<std::uint8_t, ConnectHandle:
   comm->listenId = randomId();
   ConnectHandle h;
   h.listenId = comm->listenId;
-  h.addresses = devices_[static_cast<std::size_t>(dev)].tcp->listenAddresses();
-  encodeHandle(h, handle);
+  h.endpoint = devices_[static_cast<std::size_t>(dev)].transport->endpoint();
+  MERIDIAN_RETURN_IF_ERROR(encodeHandle(h, handle));
   std::lock_guard lock(mu_);
   ListenComm* raw = comm.get();
   listens_[raw] = std::move(comm);
@@ -487,15 +478,15 @@ Result<SendComm*> Core::connect(int dev, std::span<std::uint8_t, ConnectHandle::
     auto p = std::make_unique<PendingConnect>();
     p->dev = dev;
     p->connectionId = static_cast<int>(randomId() % (INT_MAX - 1)) + 1;
-    transport::tcp::ChannelSpec spec;
+    transport::ChannelSpec spec;
     spec.sessionId = h.listenId;
     spec.selfRank = p->connectionId;
     spec.peerRank = 0;  // the listener
     spec.initiate = true;
-    spec.peerAddresses = h.addresses;
+    spec.peer = h.endpoint;
     const auto deadline = Clock::now() + std::chrono::milliseconds(knobInt(knobs::kTimeoutMs, 1, INT_MAX));
-    transport::tcp::TcpDevice* tcp = devices_[static_cast<std::size_t>(dev)].tcp.get();
-    p->result = std::async(std::launch::async, [tcp, spec, deadline] { return tcp->openChannel(spec, deadline); });
+    transport::Device* device = devices_[static_cast<std::size_t>(dev)].transport.get();
+    p->result = std::async(std::launch::async, [device, spec, deadline] { return device->openChannel(spec, deadline); });
     const std::uint64_t id = nextPending_++;
     pending_[id] = std::move(p);
     setHandlePending(handle, id);
@@ -529,7 +520,7 @@ Result<RecvComm*> Core::accept(ListenComm* listen) {
   const int dev = it->second->dev;
   const std::uint64_t id = it->second->listenId;
   lock.unlock();
-  auto got = devices_[static_cast<std::size_t>(dev)].tcp->acceptChannel(id);
+  auto got = devices_[static_cast<std::size_t>(dev)].transport->acceptChannel(id);
   if (!got) {
     if (got.status().code() == StatusCode::kAgain) return nullptr;
     return got.status();
@@ -629,7 +620,7 @@ Status Core::closeSend(SendComm* comm) {
   sends_.erase(it);
   dropRequestsOf(requests_, comm);
   lock.unlock();
-  return devices_[static_cast<std::size_t>(owned->dev)].tcp->closeChannel(owned->listenId, 0);
+  return devices_[static_cast<std::size_t>(owned->dev)].transport->closeChannel(owned->listenId, 0);
 }
 
 Status Core::closeRecv(RecvComm* comm) {
@@ -640,7 +631,7 @@ Status Core::closeRecv(RecvComm* comm) {
   recvs_.erase(it);
   dropRequestsOf(requests_, comm);
   lock.unlock();
-  return devices_[static_cast<std::size_t>(owned->dev)].tcp->closeChannel(owned->listenId, owned->peer);
+  return devices_[static_cast<std::size_t>(owned->dev)].transport->closeChannel(owned->listenId, owned->peer);
 }
 
 Status Core::closeListen(ListenComm* comm) {

@@ -11,7 +11,7 @@
 //
 // Routing: with MERIDIAN_ROUTING=adaptive (the default) a monitor thread ("mer-nccl-route")
 // judges every send connection's paths four times a second from the kernel's TCP figures of
-// their streams (routing::TcpPathJudge: the retransmitted share) and moves traffic off a
+// their streams (routing::PathJudge: the retransmitted share) and moves traffic off a
 // congested path through the channel's path weights, as probed channels do; NCCL's
 // connections carry no probe endpoints.
 //
@@ -35,21 +35,23 @@
 
 #include "core/status.h"
 #include "transport/channel.h"
-#include "transport/tcp/tcp_device.h"
+#include "transport/device.h"
 
 namespace meridian::plugin {
 
 // What listen() hands NCCL to pass to the connecting rank (at most 128 bytes on the wire).
 struct ConnectHandle {
   static constexpr std::size_t kBytes = 128;
-  static constexpr std::size_t kMaxPaths = 12;
+  static constexpr std::size_t kMaxEndpointBytes = 104;  // what is left after the header
+  static constexpr std::size_t kMaxPaths = 12;          // TCP paths whose endpoint fits
   std::uint64_t listenId = 0;               // which listen comm (the channels' session id)
-  std::vector<std::string> addresses;       // the listener's "ip:port" per path (IPv4)
+  transport::EndpointName endpoint;         // the listener's device endpoint()
   std::uint64_t pending = 0;                // connector side: its connect in progress (0: none)
 };
-// Layout: magic "MRDH", version, path count, listen id, pending id, then ip and port per path.
-void encodeHandle(const ConnectHandle& h, std::span<std::uint8_t, ConnectHandle::kBytes> out);
-// invalidArgument on a wrong magic or version, a path count of 0 or over kMaxPaths.
+// Layout: magic "MRDH", version, endpoint length, listen id, pending id, then the endpoint.
+// invalidArgument when the endpoint is empty or longer than kMaxEndpointBytes.
+Status encodeHandle(const ConnectHandle& h, std::span<std::uint8_t, ConnectHandle::kBytes> out);
+// invalidArgument on a wrong magic or version, an endpoint length of 0 or over the bound.
 Result<ConnectHandle> decodeHandle(std::span<const std::uint8_t, ConnectHandle::kBytes> in);
 // Connector side: records the connect in progress in the handle NCCL passes again.
 void setHandlePending(std::span<std::uint8_t, ConnectHandle::kBytes> handle, std::uint64_t pending);
@@ -146,7 +148,7 @@ class Core {
  private:
   struct Device {
     DeviceInfo info;
-    std::unique_ptr<transport::tcp::TcpDevice> tcp;
+    std::unique_ptr<transport::Device> transport;
   };
   struct PendingConnect {
     int dev = 0;

@@ -21,6 +21,16 @@
 
 namespace meridian::transport {
 
+// What a backend measures about a path by itself, passively (TCP from TCP_INFO of the
+// path's streams, a fabric provider from its counters); each backend fills what it knows and
+// leaves the rest unknown. Routing judges paths on these, whatever carries them.
+struct PathTelemetry {
+  double rttUs = -1;                 // smoothed round trip (largest of the path's links); < 0: unknown
+  double deliveryBytesPerSec = 0;    // delivery rate (summed over the path's links); 0: unknown
+  std::uint64_t unitsSent = 0;       // transmission units sent so far (TCP segments, packets)
+  std::uint64_t unitsResent = 0;     // of those, sent again (with unitsSent: the loss share)
+};
+
 // Per-path figures a channel exposes (bytes and chunks moved, measured rate).
 struct PathStats {
   std::string localAddress;
@@ -35,23 +45,7 @@ struct PathStats {
   std::uint64_t bytesReceived = 0;
   double rateBytesPerSec = 0;  // measured delivery rate while busy; 0 until measured
   double weight = 1.0;  // routing's preference (setPathWeights)
-  // Passive figures from the kernel (TCP_INFO of the path's streams, about once a second;
-  // tcpRttUs < 0 until first read): the largest smoothed RTT, the summed delivery rate, and
-  // the segments retransmitted so far.
-  double tcpRttUs = -1;
-  double tcpDeliveryBytesPerSec = 0;
-  std::uint64_t tcpRetransmits = 0;
-  // ... and the segments they have sent so far (with tcpRetransmits: the share resent
-  // between two readings).
-  std::uint64_t tcpSegmentsSent = 0;
-};
-
-// One reading of the kernel's figures for a path's streams (TCP_INFO), as PathStats shows them.
-struct TcpFigures {
-  double rttUs = -1;
-  double deliveryBytesPerSec = 0;
-  std::uint64_t retransmits = 0;
-  std::uint64_t segmentsSent = 0;
+  PathTelemetry telemetry;  // the backend's own figures (about once a second)
 };
 
 // Tags with bit 62 set and bit 63 clear are background tags: control traffic whose receives

@@ -68,4 +68,15 @@ Result<FrameHeader> decodeFrameHeader(std::span<const std::uint8_t> b) {
   return h;
 }
 
+RemoteRefBytes encodeRemoteRef(const RemoteRef& ref) {
+  RemoteRefBytes b{};
+  wire::store<std::uint64_t>(&b[0], ref.address);
+  wire::store<std::uint64_t>(&b[8], ref.key);
+  return b;
+}
+
+RemoteRef decodeRemoteRef(std::span<const std::uint8_t, kRemoteRefBytes> b) {
+  return RemoteRef{wire::load<std::uint64_t>(&b[0]), wire::load<std::uint64_t>(&b[8])};
+}
+
 }  // namespace meridian::transport

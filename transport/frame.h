@@ -1,5 +1,5 @@
 // The data-stream frame: a fixed 56-byte little-endian header, then `length` payload
-// bytes for DATA frames. Every field from the wire is checked against its bound here,
+// bytes for DATA frames, or a 16-byte remote-read descriptor for DATA-REF frames. Every field from the wire is checked against its bound here,
 // before anything is allocated or read. Pure; unit-tested and fuzzed.
 //
 //  0 magic u16 "MF" | 2 version u8 | 3 type u8 | 4 flags u32 | 8 tag u64
@@ -16,7 +16,8 @@
 namespace meridian::transport {
 
 inline constexpr std::uint16_t kFrameMagic = 0x464D;  // "MF"
-inline constexpr std::uint8_t kFrameVersion = 1;
+// 2: DATA-REF frames carry a RemoteRef (address and key) instead of a bare address.
+inline constexpr std::uint8_t kFrameVersion = 2;
 inline constexpr std::size_t kFrameHeaderBytes = 56;
 inline constexpr std::uint32_t kMaxChunkBytes = 64u << 20;           // one chunk's payload
 inline constexpr std::uint64_t kMaxMessageBytes = 1ull << 40;        // one message (1 TiB)
@@ -30,11 +31,24 @@ enum class FrameType : std::uint8_t {
   kData = 1,   // a chunk of a message; `length` payload bytes follow
   kAck = 2,    // the receiver placed chunk (seq, offset, length)
   kClose = 3,  // the sender is closing the stream on purpose
-  // A chunk the receiver reads from the sender's memory itself (same host, see
-  // tcp/direct_read.h): as kData, but the 8 bytes that follow are the address of the chunk's
-  // first byte in the sender, not its `length` payload bytes.
+  // A chunk the receiver reads from the sender's memory itself: as kData, but what follows
+  // is a RemoteRef (kRemoteRefBytes) naming where the chunk's first byte lies in the sender,
+  // not its `length` payload bytes.
   kDataRef = 4,
 };
+
+// Where a DATA-REF chunk lies in the sender's memory: what every kind of remote read needs.
+// Same-host cross-memory attach uses the address (key 0); RDMA READ the address and the
+// registration's remote key; shared memory an offset and the segment's key. The backend
+// that reads it checks both against what it may read before it reads.
+struct RemoteRef {
+  std::uint64_t address = 0;
+  std::uint64_t key = 0;
+};
+inline constexpr std::size_t kRemoteRefBytes = 16;
+using RemoteRefBytes = std::array<std::uint8_t, kRemoteRefBytes>;
+RemoteRefBytes encodeRemoteRef(const RemoteRef& ref);
+RemoteRef decodeRemoteRef(std::span<const std::uint8_t, kRemoteRefBytes> bytes);
 
 struct FrameHeader {
   FrameType type = FrameType::kData;

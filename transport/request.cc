@@ -4,11 +4,12 @@
 #include <algorithm>
 #include <thread>
 
-#include "core/local_launch.h"
 
 namespace meridian::transport {
 
 namespace {
+
+std::atomic<bool> waitersShareCores{false};
 
 void cpuRelax() {
   for (int i = 0; i < 64; ++i) {
@@ -21,6 +22,8 @@ void cpuRelax() {
 }
 
 }  // namespace
+
+void setWaitersShareCores(bool shareCores) { waitersShareCores.store(shareCores, std::memory_order_relaxed); }
 
 bool Request::test() {
   if (done()) return true;
@@ -57,7 +60,8 @@ Status Request::wait(TimePoint deadline) {
         lastWork = now;
       } else if (now - lastWork > kIdleSpin) {
         break;
-      } else if (localRanksOutnumberCores() || now - lastWork > std::chrono::microseconds(20)) {
+      } else if (waitersShareCores.load(std::memory_order_relaxed) ||
+                 now - lastWork > std::chrono::microseconds(20)) {
         std::this_thread::yield();  // let other ranks sharing this core run
       } else {
         cpuRelax();

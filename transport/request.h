@@ -67,6 +67,12 @@ class Request {
 
 using RequestPtr = std::shared_ptr<Request>;
 
+// How waiting threads spin in this process. `shareCores`: more ranks run on this host than it
+// has cores, so a thread that polls its transport yields the core between rounds (other
+// ranks need it) instead of spinning on it. Set once at set-up by whoever knows how ranks
+// were placed (the communicator, the NCCL plugin); false until then.
+void setWaitersShareCores(bool shareCores);
+
 // Waits for every request, returning the first non-ok status (all are waited for anyway,
 // so no buffer is still in use when this returns, unless the deadline passed).
 Status waitAll(std::initializer_list<const RequestPtr*> requests, TimePoint deadline);

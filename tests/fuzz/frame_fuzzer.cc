@@ -59,10 +59,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       continue;
     }
     if (h->type == FrameType::kClose) continue;
-    const bool ref = h->type == FrameType::kDataRef;  // its 8-byte address follows; the bytes are "read" from the input
+    const bool ref = h->type == FrameType::kDataRef;  // a RemoteRef follows; the bytes are "read" from the input
     if (ref) {
-      if (size - pos < tcp::kDirectRefBytes) break;
-      pos += tcp::kDirectRefBytes;
+      if (size - pos < kRemoteRefBytes) break;
+      (void)decodeRemoteRef(std::span<const std::uint8_t, kRemoteRefBytes>(data + pos, kRemoteRefBytes));
+      pos += kRemoteRefBytes;
       h->type = FrameType::kData;
     }
     auto t = ch->onDataHeader(h.value(), path);

@@ -1,6 +1,6 @@
 // libFuzzer target: arbitrary bytes as the NCCL plugin's 128-byte connection handle (it comes
-// from the peer through NCCL's bootstrap). Decoding never crashes or reads past the handle,
-// and whatever decodes re-encodes to a handle that decodes to the same thing.
+// from the peer through NCCL's bootstrap), and the TCP endpoint name inside it. Decoding never
+// crashes or reads past the handle, and whatever decodes re-encodes to the same thing.
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "nccl_plugin/plugin_core.h"
+#include "transport/tcp/endpoint.h"
 
 using namespace meridian::plugin;
 
@@ -17,11 +18,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   auto h = decodeHandle(in);
   if (!h.isOk()) return 0;
   std::array<std::uint8_t, ConnectHandle::kBytes> again{};
-  encodeHandle(h.value(), again);
+  if (!encodeHandle(h.value(), again).isOk()) std::abort();
   auto back = decodeHandle(again);
   if (!back.isOk() || back->listenId != h->listenId || back->pending != h->pending ||
-      back->addresses != h->addresses) {
+      back->endpoint != h->endpoint) {
     std::abort();
   }
+  auto addresses = meridian::transport::tcp::decodeEndpoint(h->endpoint);
+  if (!addresses.isOk()) return 0;
+  auto name = meridian::transport::tcp::encodeEndpoint(addresses.value());
+  if (!name.isOk() || name.value() != h->endpoint) std::abort();
   return 0;
 }

@@ -17,8 +17,9 @@
 
 #include <fmt/format.h>
 
-#include "nccl_plugin/plugin_core.h"
 #include "nccl_plugin/conformance.h"
+#include "nccl_plugin/plugin_core.h"
+#include "transport/tcp/endpoint.h"
 
 namespace meridian::plugin {
 namespace {
@@ -283,13 +284,15 @@ TEST(NcclPluginTest, DevicesReportTheLatencyOfTheLinksFile) {
 TEST(NcclPluginHandleTest, RoundTripsAndRefusesGarbage) {
   ConnectHandle h;
   h.listenId = 0x0123456789abcdefULL;
-  h.addresses = {"198.18.0.1:4000", "198.18.1.1:4001"};
+  h.endpoint = transport::tcp::encodeEndpoint({"198.18.0.1:4000", "198.18.1.1:4001"}).value();
   std::array<std::uint8_t, ConnectHandle::kBytes> buf{};
-  encodeHandle(h, buf);
+  ASSERT_TRUE(encodeHandle(h, buf).isOk());
   auto back = decodeHandle(buf);
   ASSERT_TRUE(back.isOk()) << back.status().toString();
   EXPECT_EQ(back->listenId, h.listenId);
-  EXPECT_EQ(back->addresses, h.addresses);
+  EXPECT_EQ(back->endpoint, h.endpoint);
+  EXPECT_EQ(transport::tcp::decodeEndpoint(back->endpoint).value(),
+            (std::vector<std::string>{"198.18.0.1:4000", "198.18.1.1:4001"}));
   EXPECT_EQ(back->pending, 0u);
   setHandlePending(buf, 77);
   EXPECT_EQ(decodeHandle(buf)->pending, 77u);
@@ -297,11 +300,37 @@ TEST(NcclPluginHandleTest, RoundTripsAndRefusesGarbage) {
   bad[0] ^= 1;
   EXPECT_EQ(decodeHandle(bad).status().code(), StatusCode::kInvalidArgument) << "magic";
   bad = buf;
-  bad[5] = ConnectHandle::kMaxPaths + 1;
-  EXPECT_EQ(decodeHandle(bad).status().code(), StatusCode::kInvalidArgument) << "path count";
-  bad = buf;
-  bad[24 + 4] = bad[24 + 5] = 0;
-  EXPECT_EQ(decodeHandle(bad).status().code(), StatusCode::kInvalidArgument) << "port 0";
+  bad[5] = ConnectHandle::kMaxEndpointBytes + 1;
+  EXPECT_EQ(decodeHandle(bad).status().code(), StatusCode::kInvalidArgument) << "endpoint length";
+  bad[5] = 0;
+  EXPECT_EQ(decodeHandle(bad).status().code(), StatusCode::kInvalidArgument) << "empty endpoint";
+  ConnectHandle tooBig;
+  tooBig.endpoint.assign(ConnectHandle::kMaxEndpointBytes + 1, 1);
+  EXPECT_EQ(encodeHandle(tooBig, buf).code(), StatusCode::kInvalidArgument) << "an endpoint that does not fit";
+}
+
+TEST(TcpEndpointTest, RoundTripsAndRefusesGarbage) {
+  const std::vector<std::string> addrs{"127.0.0.1:1", "198.18.0.1:65535"};
+  auto name = transport::tcp::encodeEndpoint(addrs);
+  ASSERT_TRUE(name.isOk()) << name.status().toString();
+  EXPECT_EQ(name->size(), 2u + 6 * addrs.size());
+  EXPECT_EQ(transport::tcp::decodeEndpoint(name.value()).value(), addrs);
+  auto bad = name.value();
+  bad[0] = 9;
+  EXPECT_EQ(transport::tcp::decodeEndpoint(bad).status().code(), StatusCode::kInvalidArgument) << "version";
+  bad = name.value();
+  bad[1] = 3;
+  EXPECT_EQ(transport::tcp::decodeEndpoint(bad).status().code(), StatusCode::kInvalidArgument) << "count vs length";
+  bad = name.value();
+  bad.pop_back();
+  EXPECT_EQ(transport::tcp::decodeEndpoint(bad).status().code(), StatusCode::kInvalidArgument) << "truncated";
+  bad = name.value();
+  bad[2 + 4] = bad[2 + 5] = 0;
+  EXPECT_EQ(transport::tcp::decodeEndpoint(bad).status().code(), StatusCode::kInvalidArgument) << "port 0";
+  EXPECT_FALSE(transport::tcp::decodeEndpoint({}).isOk());
+  EXPECT_FALSE(transport::tcp::encodeEndpoint({}).isOk());
+  EXPECT_FALSE(transport::tcp::encodeEndpoint({"localhost:0"}).isOk());
+  EXPECT_FALSE(transport::tcp::encodeEndpoint({"not-an-ip:80"}).isOk());
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "transport/frame.h"
 #include "transport/tcp/handshake.h"
 #include "transport/tcp/socket.h"
+#include "transport/tcp/endpoint.h"
 #include "transport/tcp/tcp_device.h"
 
 namespace meridian::transport::tcp {
@@ -23,7 +24,7 @@ constexpr char kSecret[] = "bad-peer-secret";
 std::unique_ptr<TcpDevice> device(const char* name) {
   DeviceOptions o;
   o.secret = kSecret;
-  o.streamsPerPath = 1;
+  o.tcp.streamsPerPath = 1;
   o.name = name;
   return TcpDevice::create(o).value();
 }
@@ -38,7 +39,7 @@ RawPeer rawPeer(TcpDevice& victim, std::uint64_t session) {
   RawPeer rp;
   auto deadline = Clock::now() + std::chrono::seconds(20);
   Result<ChannelPtr> ch = internalError("not run");
-  std::thread t([&] { ch = victim.openChannel({session, 0, 1, false, {"127.0.0.1:9"}}, deadline); });
+  std::thread t([&] { ch = victim.openChannel({session, 0, 1, false, encodeEndpoint({"127.0.0.1:9"}).value()}, deadline); });
   auto hp = parseHostPort(victim.listenAddresses()[0]).value();
   auto fd = connectTo(hp, "", deadline);
   EXPECT_TRUE(fd.isOk());
@@ -58,8 +59,8 @@ void expectHealthyPeersStillWork(TcpDevice& victim, std::uint64_t session) {
   auto other = device("ok");
   auto deadline = Clock::now() + std::chrono::seconds(20);
   Result<ChannelPtr> vc = internalError("not run");
-  std::thread t([&] { vc = victim.openChannel({session, 0, 2, false, other->listenAddresses()}, deadline); });
-  auto oc = other->openChannel({session, 2, 0, true, victim.listenAddresses()}, deadline);
+  std::thread t([&] { vc = victim.openChannel({session, 0, 2, false, other->endpoint()}, deadline); });
+  auto oc = other->openChannel({session, 2, 0, true, victim.endpoint()}, deadline);
   t.join();
   ASSERT_TRUE(oc.isOk() && vc.isOk());
   std::vector<int> in(1000), out(1000);

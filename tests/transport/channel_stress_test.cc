@@ -41,6 +41,7 @@
 #include <thread>
 #include <vector>
 
+#include "transport/tcp/endpoint.h"
 #include "transport/tcp/tcp_device.h"
 
 namespace meridian::transport::tcp {
@@ -347,7 +348,7 @@ std::unique_ptr<TcpDevice> makeDevice(const PairOptions& po, const std::string& 
   DeviceOptions o;
   o.localAddresses.clear();
   for (int i = 0; i < po.paths; ++i) o.localAddresses.push_back("127.0.0." + std::to_string(i + 1));
-  o.streamsPerPath = po.streams;
+  o.tcp.streamsPerPath = po.streams;
   o.chunkBytes = po.chunkBytes;
   o.pathStallMs = po.stallMs;
   o.secret = "stress-secret";
@@ -365,8 +366,8 @@ void openChannels(Pair& p, const std::vector<std::string>& dial) {
   p.session = sessions++;
   auto deadline = Clock::now() + 30s;
   Result<ChannelPtr> ba = internalError("not run");
-  std::thread acceptor([&] { ba = p.b->openChannel({p.session, 1, 0, false, p.a->listenAddresses()}, deadline); });
-  auto ab = p.a->openChannel({p.session, 0, 1, true, dial}, deadline);
+  std::thread acceptor([&] { ba = p.b->openChannel({p.session, 1, 0, false, p.a->endpoint()}, deadline); });
+  auto ab = p.a->openChannel({p.session, 0, 1, true, encodeEndpoint(dial).value()}, deadline);
   acceptor.join();
   ASSERT_TRUE(ab.isOk()) << ab.status().toString();
   ASSERT_TRUE(ba.isOk()) << ba.status().toString();

@@ -100,6 +100,63 @@ TEST(HandshakeTest, GarbageIsNotAMeridianPeer) {
   EXPECT_NE(r.status().message().find("magic"), std::string::npos);
 }
 
+// The server's state machine, fed by hand as the TCP engine feeds it.
+TEST(ServerHandshakeTest, AcceptsAClientStepByStepAndAsksItsAdmission) {
+  int admitted = 0;
+  ServerHandshake hs("pw", [&](const ConnectInfo& ci) {
+    ++admitted;
+    return ci.rank == 3 ? Status::ok() : peerError("not rank 3");
+  });
+  const Nonce nc = freshNonce();
+  ASSERT_EQ(hs.wantBytes(), kHelloBytes);
+  const auto challenge = hs.feed(encodeHello(nc));
+  ASSERT_EQ(challenge.size(), kChallengeBytes);
+  auto ns = verifyChallenge("pw", nc, challenge);
+  ASSERT_TRUE(ns.isOk()) << ns.status().toString();
+  EXPECT_FALSE(hs.finished());
+  ASSERT_EQ(hs.wantBytes(), kAuthBytes);
+  const auto result = hs.feed(encodeAuth("pw", nc, ns.value(), info()));
+  EXPECT_TRUE(decodeResult(result).isOk());
+  EXPECT_TRUE(hs.finished());
+  EXPECT_EQ(hs.wantBytes(), 0u);
+  ASSERT_TRUE(hs.result().isOk());
+  EXPECT_EQ(hs.result()->rank, 3);
+  EXPECT_EQ(admitted, 1);
+}
+
+TEST(ServerHandshakeTest, RefusesWhatAdmissionRefusesAndTellsTheClient) {
+  ServerHandshake hs("pw", [](const ConnectInfo&) { return peerError("no channel to that rank"); });
+  const Nonce nc = freshNonce();
+  auto ns = verifyChallenge("pw", nc, hs.feed(encodeHello(nc)));
+  ASSERT_TRUE(ns.isOk());
+  const auto result = hs.feed(encodeAuth("pw", nc, ns.value(), info()));
+  EXPECT_NE(decodeResult(result).message().find("rejected"), std::string::npos) << decodeResult(result).toString();
+  ASSERT_FALSE(hs.result().isOk());
+  EXPECT_NE(hs.result().status().message().find("no channel"), std::string::npos);
+}
+
+TEST(ServerHandshakeTest, TellsAnotherVersionWhyAndGarbageNothing) {
+  ServerHandshake other("pw");
+  auto hello = encodeHello(freshNonce());
+  wire::store<std::uint16_t>(&hello[4], kProtocolVersion + 1);
+  const auto reply = other.feed(hello);
+  EXPECT_TRUE(other.finished());
+  ASSERT_EQ(reply.size(), kChallengeBytes) << "a Meridian peer of another version is told";
+  EXPECT_FALSE(other.result().isOk());
+  EXPECT_NE(other.result().status().message().find("version"), std::string::npos);
+
+  ServerHandshake garbage("pw");
+  std::array<std::uint8_t, kHelloBytes> junk{};
+  junk.fill(0x5a);
+  EXPECT_TRUE(garbage.feed(junk).empty()) << "garbage gets no answer";
+  EXPECT_TRUE(garbage.finished());
+  EXPECT_FALSE(garbage.result().isOk());
+
+  ServerHandshake wrongSize("pw");
+  EXPECT_TRUE(wrongSize.feed(std::span<const std::uint8_t>(junk.data(), 3)).empty());
+  EXPECT_EQ(wrongSize.result().status().code(), StatusCode::kInternal) << "fed the wrong number of bytes";
+}
+
 TEST(HandshakeTest, BlockingWrappersAgreeOverASocketPair) {
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);

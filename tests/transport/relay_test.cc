@@ -13,6 +13,7 @@
 #include "core/metrics.h"
 #include "transport/tcp/splice.h"
 #include "transport/tcp/tcp_device.h"
+#include "tests/transport/test_pattern.h"
 
 namespace meridian::transport::tcp {
 namespace {
@@ -32,7 +33,7 @@ Mesh makeMesh(int n, const std::vector<std::pair<int, int>>& links) {
   for (int i = 0; i < n; ++i) {
     DeviceOptions o;
     o.localAddresses = {"127.0.0.1", "127.0.0.2"};
-    o.streamsPerPath = 2;
+    o.tcp.streamsPerPath = 2;
     o.chunkBytes = 256 * 1024;
     o.secret = "relay-secret";
     o.name = std::string("r") + static_cast<char>('a' + i);
@@ -46,10 +47,10 @@ Mesh makeMesh(int n, const std::vector<std::pair<int, int>>& links) {
   for (auto [i, j] : links) {
     Result<ChannelPtr> back = internalError("not run");
     std::thread acceptor([&, i = i, j = j] {
-      back = m.dev[static_cast<std::size_t>(j)]->openChannel({kSession, j, i, false, m.dev[static_cast<std::size_t>(i)]->listenAddresses()},
+      back = m.dev[static_cast<std::size_t>(j)]->openChannel({kSession, j, i, false, m.dev[static_cast<std::size_t>(i)]->endpoint()},
                                                             deadline);
     });
-    auto fwd = m.dev[static_cast<std::size_t>(i)]->openChannel({kSession, i, j, true, m.dev[static_cast<std::size_t>(j)]->listenAddresses()},
+    auto fwd = m.dev[static_cast<std::size_t>(i)]->openChannel({kSession, i, j, true, m.dev[static_cast<std::size_t>(j)]->endpoint()},
                                                               deadline);
     acceptor.join();
     EXPECT_TRUE(fwd.isOk()) << fwd.status().toString();
@@ -61,14 +62,7 @@ Mesh makeMesh(int n, const std::vector<std::pair<int, int>>& links) {
 }
 
 RelaySpec relay(const Mesh& m, int self, int peer, int via, int plane = 0) {
-  return RelaySpec{kSession, self, peer, via, m.dev[static_cast<std::size_t>(via)]->listenAddresses()[static_cast<std::size_t>(plane)], plane};
-}
-
-std::vector<std::uint8_t> pattern(std::size_t n, std::uint32_t seed) {
-  std::vector<std::uint8_t> v(n);
-  std::mt19937 rng(seed);
-  for (auto& x : v) x = static_cast<std::uint8_t>(rng());
-  return v;
+  return RelaySpec{kSession, self, peer, via, m.dev[static_cast<std::size_t>(via)]->endpoint(), plane};
 }
 
 // `bytes` each way between x and y at once; every byte checked.
@@ -203,12 +197,12 @@ TEST(RelayTest, WithoutARelaySlotOpenRelayIsAnInvalidArgument) {
   auto b = TcpDevice::create(o);
   ASSERT_TRUE(a.isOk() && b.isOk());
   const auto deadline = Clock::now() + kTimeout;
-  std::thread acceptor([&] { (void)(*b)->openChannel({kSession, 1, 0, false, (*a)->listenAddresses()}, deadline); });
-  auto ab = (*a)->openChannel({kSession, 0, 1, true, (*b)->listenAddresses()}, deadline);
+  std::thread acceptor([&] { (void)(*b)->openChannel({kSession, 1, 0, false, (*a)->endpoint()}, deadline); });
+  auto ab = (*a)->openChannel({kSession, 0, 1, true, (*b)->endpoint()}, deadline);
   acceptor.join();
   ASSERT_TRUE(ab.isOk());
   EXPECT_EQ((*ab)->pathStats().size(), 1u) << "no relay slot without DeviceOptions::relaySlot";
-  RelaySpec spec{kSession, 0, 1, 2, (*b)->listenAddresses()[0], 0};
+  RelaySpec spec{kSession, 0, 1, 2, (*b)->endpoint(), 0};
   EXPECT_EQ((*a)->openRelay(spec, deadline).code(), StatusCode::kInvalidArgument);
 }
 

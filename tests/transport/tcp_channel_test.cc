@@ -14,7 +14,9 @@
 #include <fmt/format.h>
 
 #include "core/metrics.h"
+#include "transport/tcp/endpoint.h"
 #include "transport/tcp/tcp_device.h"
+#include "tests/transport/test_pattern.h"
 
 namespace meridian::transport::tcp {
 namespace {
@@ -28,15 +30,15 @@ struct Pair {
 };
 
 // Two devices with `paths` loopback paths each (127.0.0.1, 127.0.0.2, ...).
-// `specs` (when given) adjusts a's and b's channel specs before they open.
+// `beforeOpen` (when given) runs on the devices before the channels open.
 Pair connect(int paths, int streams, std::size_t chunkBytes = 0, int stallMs = 0, bool adaptive = true,
-             const std::function<void(ChannelSpec& a, ChannelSpec& b)>& specs = {}) {
+             const std::function<void(Pair& p)>& beforeOpen = {}) {
   Pair p;
   DeviceOptions o;
   o.adaptive = adaptive;
   o.localAddresses.clear();
   for (int i = 0; i < paths; ++i) o.localAddresses.push_back("127.0.0." + std::to_string(i + 1));
-  o.streamsPerPath = streams;
+  o.tcp.streamsPerPath = streams;
   o.chunkBytes = chunkBytes;
   o.pathStallMs = stallMs;
   o.secret = "test-secret";
@@ -49,9 +51,9 @@ Pair connect(int paths, int streams, std::size_t chunkBytes = 0, int stallMs = 0
   p.a = std::move(a.value());
   p.b = std::move(b.value());
   auto deadline = Clock::now() + kTimeout;
-  ChannelSpec specA{p.session, 0, 1, true, p.b->listenAddresses()};
-  ChannelSpec specB{p.session, 1, 0, false, p.a->listenAddresses()};
-  if (specs) specs(specA, specB);
+  ChannelSpec specA{p.session, 0, 1, true, p.b->endpoint()};
+  ChannelSpec specB{p.session, 1, 0, false, p.a->endpoint()};
+  if (beforeOpen) beforeOpen(p);
   Result<ChannelPtr> ba = internalError("not run");
   std::thread acceptor([&] { ba = p.b->openChannel(specB, deadline); });
   auto ab = p.a->openChannel(specA, deadline);
@@ -61,13 +63,6 @@ Pair connect(int paths, int streams, std::size_t chunkBytes = 0, int stallMs = 0
   p.ab = ab.value();
   p.ba = ba.value();
   return p;
-}
-
-std::vector<std::uint8_t> pattern(std::size_t n, std::uint32_t seed) {
-  std::vector<std::uint8_t> v(n);
-  std::mt19937 rng(seed);
-  for (auto& x : v) x = static_cast<std::uint8_t>(rng());
-  return v;
 }
 
 void sendRecv(Pair& p, std::size_t bytes, std::uint64_t tag) {
@@ -194,13 +189,13 @@ TEST(TcpChannelTest, PathStatsCarryTheKernelsTcpFigures) {
   for (std::uint64_t tag = 1; std::chrono::steady_clock::now() < deadline; ++tag) {
     sendRecv(p, 4 << 20, tag);
     stats = p.ab->pathStats();
-    if (std::all_of(stats.begin(), stats.end(), [](const PathStats& s) { return s.tcpRttUs > 0; })) break;
+    if (std::all_of(stats.begin(), stats.end(), [](const PathStats& s) { return s.telemetry.rttUs > 0; })) break;
   }
   ASSERT_EQ(stats.size(), 2u);
   for (const auto& s : stats) {
-    EXPECT_GT(s.tcpRttUs, 0) << s.localAddress;
-    EXPECT_LT(s.tcpRttUs, 1e6) << "loopback RTT under a second";
-    EXPECT_GT(s.tcpDeliveryBytesPerSec, 0) << s.localAddress;
+    EXPECT_GT(s.telemetry.rttUs, 0) << s.localAddress;
+    EXPECT_LT(s.telemetry.rttUs, 1e6) << "loopback RTT under a second";
+    EXPECT_GT(s.telemetry.deliveryBytesPerSec, 0) << s.localAddress;
   }
 }
 
@@ -293,7 +288,7 @@ TEST(TcpChannelTest, WrongSecretCannotOpenAChannel) {
   auto server = TcpDevice::create(o).value();
   o.secret = "wrong";
   auto client = TcpDevice::create(o).value();
-  auto ch = client->openChannel({1, 0, 1, true, server->listenAddresses()}, Clock::now() + std::chrono::seconds(10));
+  auto ch = client->openChannel({1, 0, 1, true, server->endpoint()}, Clock::now() + std::chrono::seconds(10));
   ASSERT_FALSE(ch.isOk());
   EXPECT_EQ(ch.status().code(), StatusCode::kPeerError);
   EXPECT_NE(ch.status().message().find("secret"), std::string::npos) << ch.status().toString();
@@ -312,7 +307,7 @@ TEST(TcpChannelTest, MetricsCanNameThePeerByHost) {
   o.name = "by-host-rx";
   auto b = TcpDevice::create(o).value();
   const std::uint64_t session = 0xb057;
-  auto tx = a->openChannel({session, 912345, 0, true, b->listenAddresses()}, Clock::now() + kTimeout);
+  auto tx = a->openChannel({session, 912345, 0, true, b->endpoint()}, Clock::now() + kTimeout);
   ASSERT_TRUE(tx.isOk()) << tx.status().toString();
   Result<std::pair<int, ChannelPtr>> rx = againStatus("none yet");
   for (auto until = Clock::now() + kTimeout; !rx && rx.status().code() == StatusCode::kAgain && Clock::now() < until;) {
@@ -341,7 +336,8 @@ TEST(TcpChannelTest, AcceptTimesOutWhenThePeerNeverComes) {
   DeviceOptions o;
   o.secret = "x";
   auto d = TcpDevice::create(o).value();
-  auto ch = d->openChannel({1, 1, 0, false, {"127.0.0.1:1"}}, Clock::now() + std::chrono::milliseconds(200));
+  auto ch = d->openChannel({1, 1, 0, false, encodeEndpoint({"127.0.0.1:1"}).value()},
+                           Clock::now() + std::chrono::milliseconds(200));
   EXPECT_EQ(ch.status().code(), StatusCode::kTimeout);
 }
 
@@ -351,11 +347,11 @@ TEST(TcpChannelTest, RefusesBadArguments) {
   o.localAddresses = {"not-an-ip-address.invalid"};
   EXPECT_FALSE(TcpDevice::create(o).isOk());
   o.localAddresses = {"127.0.0.1"};
-  o.streamsPerPath = 99;
+  o.tcp.streamsPerPath = 99;
   EXPECT_EQ(TcpDevice::create(o).status().code(), StatusCode::kInvalidArgument);
-  o.streamsPerPath = 1;
+  o.tcp.streamsPerPath = 1;
   auto d = TcpDevice::create(o).value();
-  EXPECT_EQ(d->openChannel({1, 0, 0, true, d->listenAddresses()}, Clock::now()).status().code(),
+  EXPECT_EQ(d->openChannel({1, 0, 0, true, d->endpoint()}, Clock::now()).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(d->openChannel({1, 0, 1, true, {}}, Clock::now()).status().code(), StatusCode::kInvalidArgument);
 }
@@ -363,11 +359,9 @@ TEST(TcpChannelTest, RefusesBadArguments) {
 // One path, two streams; `aReadsB` / `bReadsA`: that side reads the other's memory (here the
 // same process, through its own pid); `*SendsByAddress`: that side's large messages go by address.
 Pair connectDirect(bool aReadsB, bool bReadsA, bool aSendsByAddress, bool bSendsByAddress) {
-  return connect(1, 2, 0, 0, true, [&](ChannelSpec& a, ChannelSpec& b) {
-    a.readPeerPid = aReadsB ? ::getpid() : 0;
-    a.peerReadsDirect = aSendsByAddress;
-    b.readPeerPid = bReadsA ? ::getpid() : 0;
-    b.peerReadsDirect = bSendsByAddress;
+  return connect(1, 2, 0, 0, true, [&](Pair& p) {
+    p.a->planDirectRead(p.session, 1, DirectReadPlan{aReadsB ? ::getpid() : 0, aSendsByAddress});
+    p.b->planDirectRead(p.session, 0, DirectReadPlan{bReadsA ? ::getpid() : 0, bSendsByAddress});
   });
 }
 

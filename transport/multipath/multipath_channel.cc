@@ -71,19 +71,15 @@ struct MultipathChannel::PathState {
   std::atomic<double> rateBytesPerSec{0};
   std::atomic<double> weight{1.0};
   std::atomic<bool> rerate{false};  // routing raised the weight: restart the rate estimate
-  std::atomic<double> tcpRttUs{-1};
-  std::atomic<double> tcpDeliveryBytesPerSec{0};
-  std::atomic<std::uint64_t> tcpRetransmits{0};
-  std::atomic<std::uint64_t> tcpSegmentsSent{0};
+  mutable std::mutex telemetryMu;  // written about once a second, read by pathStats
+  PathTelemetry telemetry;
   Counter* bytesSent;
   Counter* chunksSent;
   Counter* chunksResent;
   Counter* bytesReceived;
   Counter* failures;
   Gauge* up;
-  Gauge* tcpRtt;
-  Gauge* tcpDelivery;
-  Gauge* tcpRetrans;
+  MetricLabels labels;
 };
 
 namespace {
@@ -118,12 +114,7 @@ MultipathChannel::MultipathChannel(int peerRank, std::vector<PathEndpoints> path
     p->failures = &reg.counter("meridian_transport_path_failures_total", "Times a path failed", labels);
     p->up = &reg.gauge("meridian_transport_path_up", "1 while a path is alive and not stalled", labels);
     p->up->set(paths[i].relay ? 0 : 1);
-    p->tcpRtt = &reg.gauge("meridian_transport_path_tcp_rtt_seconds",
-                           "Smoothed RTT the kernel measures on a path's data streams (TCP_INFO; largest stream)", labels);
-    p->tcpDelivery = &reg.gauge("meridian_transport_path_tcp_delivery_rate_bytes_per_second",
-                                "Delivery rate the kernel measures on a path's data streams (TCP_INFO; summed)", labels);
-    p->tcpRetrans = &reg.gauge("meridian_transport_path_tcp_retransmits",
-                               "Segments the kernel retransmitted on a path's data streams so far (TCP_INFO)", labels);
+    p->labels = std::move(labels);
     paths_.push_back(std::move(p));
   }
   unexpectedBytes_ = &reg.counter("meridian_transport_unexpected_bytes_total",
@@ -271,10 +262,10 @@ std::vector<PathStats> MultipathChannel::pathStats() const {
     s.bytesReceived = p->bytesReceived->value();
     s.rateBytesPerSec = p->rateBytesPerSec.load(std::memory_order_relaxed);
     s.weight = p->weight.load(std::memory_order_relaxed);
-    s.tcpRttUs = p->tcpRttUs.load(std::memory_order_relaxed);
-    s.tcpDeliveryBytesPerSec = p->tcpDeliveryBytesPerSec.load(std::memory_order_relaxed);
-    s.tcpRetransmits = p->tcpRetransmits.load(std::memory_order_relaxed);
-    s.tcpSegmentsSent = p->tcpSegmentsSent.load(std::memory_order_relaxed);
+    {
+      std::lock_guard lock(p->telemetryMu);
+      s.telemetry = p->telemetry;
+    }
     out.push_back(std::move(s));
   }
   return out;
@@ -438,8 +429,8 @@ FrameHeader MultipathChannel::chunkHeader(const OutChunk& c) const {
   return h;
 }
 
-std::uint64_t MultipathChannel::chunkAddress(const OutChunk& c) const {
-  return reinterpret_cast<std::uintptr_t>(c.msg->data + c.msg->chunkOffset(c.index));
+RemoteRef MultipathChannel::chunkRef(const OutChunk& c) const {
+  return RemoteRef{reinterpret_cast<std::uintptr_t>(c.msg->data + c.msg->chunkOffset(c.index)), 0};
 }
 
 const std::uint8_t* MultipathChannel::chunkPayload(const OutChunk& c, std::uint64_t progress, std::size_t* bytes) const {
@@ -544,10 +535,12 @@ void MultipathChannel::onPathFailed(std::size_t path, const Status& why, bool gr
   requeueChunksOf(path);
   bool anyAlive = std::any_of(paths_.begin(), paths_.end(), [](const auto& q) { return q->alive.load(); });
   if (!anyAlive) {
-    // Receives on background tags wait for messages that may never come: not outstanding work.
-    const bool idle = sending_.empty() && incoming_.empty() &&
-                      std::all_of(recvsByTag_.begin(), recvsByTag_.end(),
-                                  [](const auto& entry) { return isBackgroundTag(entry.first); });
+    // Background traffic (routing's rows and plans) to a peer that left on purpose is not
+    // lost work: the peer finished first. Anything else outstanding is.
+    const bool idle =
+        std::all_of(sending_.begin(), sending_.end(), [](const auto& m) { return m->finished || isBackgroundTag(m->tag); }) &&
+        std::all_of(incoming_.begin(), incoming_.end(), [](const auto& e) { return isBackgroundTag(e.second->tag); }) &&
+        std::all_of(recvsByTag_.begin(), recvsByTag_.end(), [](const auto& entry) { return isBackgroundTag(entry.first); });
     Status st = peerError("every path to rank {} is gone (last: {})", peerRank_, why.message());
     if (!graceful || !idle) MLOG_ERROR(kTransport, "{}", st.message());
     fail(st);
@@ -573,15 +566,19 @@ void MultipathChannel::onPathUp(std::size_t path, int via) {
   MLOG_INFO(kTransport, "path {} to rank {} is up (relayed through rank {})", path, peerRank_, via);
 }
 
-void MultipathChannel::setTcpFigures(std::size_t path, const TcpFigures& f) {
+void MultipathChannel::setPathTelemetry(std::size_t path, const PathTelemetry& figures) {
   PathState& p = *paths_[path];
-  p.tcpRttUs.store(f.rttUs, std::memory_order_relaxed);
-  p.tcpDeliveryBytesPerSec.store(f.deliveryBytesPerSec, std::memory_order_relaxed);
-  p.tcpRetransmits.store(f.retransmits, std::memory_order_relaxed);
-  p.tcpSegmentsSent.store(f.segmentsSent, std::memory_order_relaxed);
-  p.tcpRtt->set(f.rttUs * 1e-6);
-  p.tcpDelivery->set(f.deliveryBytesPerSec);
-  p.tcpRetrans->set(static_cast<double>(f.retransmits));
+  std::lock_guard lock(p.telemetryMu);
+  p.telemetry = figures;
+}
+
+MetricLabels MultipathChannel::pathLabels(std::size_t path) const { return paths_[path]->labels; }
+
+EngineChannel makeMultipathChannel(int peerRank, std::vector<PathEndpoints> paths, MultipathConfig config,
+                                   std::function<void()> wakeProgress, std::shared_ptr<Progressor> progressor) {
+  auto ch = std::make_shared<MultipathChannel>(peerRank, std::move(paths), std::move(config), std::move(wakeProgress),
+                                               std::move(progressor));
+  return EngineChannel{ch, ch};
 }
 
 std::int64_t MultipathChannel::stallLimitUs(const PathState& p) const {

@@ -10,8 +10,12 @@
 // next receive posted for its tag as soon as every earlier message with that tag is
 // matched, so tags stay FIFO across paths and nothing waits for other tags.
 //
+// It is both sides of a channel: the user-facing Channel and the backend-facing
+// ChannelEngine (engine.h). Backends create it through makeMultipathChannel and see only
+// the engine; this header is for the implementation and its tests.
+//
 // Threads: isend/irecv/pathStats/health from any thread (posting takes a short lock);
-// every other method only from the backend's progress thread, which owns all state.
+// the engine's methods only from the backend's progress thread, which owns all state.
 #pragma once
 
 #include <atomic>
@@ -29,44 +33,11 @@
 
 #include "core/metrics.h"
 #include "transport/channel.h"
+#include "transport/engine.h"
 #include "transport/frame.h"
 #include "transport/multipath/scheduler.h"
 
 namespace meridian::transport {
-
-struct MultipathConfig {
-  std::uint32_t chunkBytes = 512 * 1024;
-  std::uint64_t eagerMaxBytes = 64 * 1024;        // sends up to this size are copied (eager)
-  std::uint64_t eagerBudgetBytes = 16u << 20;     // eager copies not yet acknowledged, at most
-  std::uint64_t pathWindowBytes = 16u << 20;      // unacknowledged bytes per path
-  // ... on a path whose rate is still a guess: no rate sample yet and less than this much
-  // acknowledged (adaptive scheduling; see PathLoad::cold). Every rate starts as the same
-  // guess; without this, a job's first messages were split evenly across a fast and a
-  // congested plane and waited for the congested one's half (three lab regions starting into
-  // an 8 Mbit/s plane next to 40 Mbit/s ones: the first 16 MiB allreduce took 10.3 s without
-  // it and 4.1 s with it; later ones 2.5-3 s).
-  std::uint64_t coldWindowBytes = 1u << 20;
-  std::int64_t pathStallUs = 3'000'000;
-  std::uint64_t maxUnexpectedBytes = 1ull << 30;
-  std::string deviceName = "0";                    // metrics label
-  std::string peerLabel;                           // metrics "peer" label; empty: the peer's rank
-  // false (MERIDIAN_ROUTING=static): fixed even striping, as NCCL splits over several NICs:
-  // every live path gets the same share of the bytes whatever its rate or weight, and a
-  // chunk waits for its path's window rather than move to another path.
-  bool adaptive = true;
-  // The peer reads this side's large messages straight from its memory (same host; see
-  // tcp/direct_read.h): every message that is not eager goes as kDataRef chunks, addresses
-  // in place of payload.
-  bool peerReadsDirect = false;
-};
-
-struct PathEndpoints {
-  std::string localAddress;
-  std::string remoteAddress;
-  // A relay slot: a path through a third node, down until onPathUp (the device opens and
-  // closes it while the channel runs; see TcpDevice::openRelay).
-  bool relay = false;
-};
 
 // Buffers for messages that arrive before their receive, kept for reuse (up to a bound)
 // so the data path does not fault in fresh pages for each one. Progress thread only.
@@ -86,22 +57,9 @@ class BufferPool {
   std::multimap<std::uint64_t, std::unique_ptr<std::uint8_t[]>> free_;
 };
 
-struct OutMessage;
-struct InMessage;
-
-// One chunk handed to a stream of a path for writing.
-struct OutChunk {
-  std::shared_ptr<OutMessage> msg;
-  std::uint32_t index = 0;
-};
-
-// Where an arriving chunk's payload goes.
-struct RecvTarget {
-  std::shared_ptr<InMessage> msg;  // null: drain and drop (duplicate of a finished message)
-  FrameHeader header;
-};
-
-class MultipathChannel : public Channel, public std::enable_shared_from_this<MultipathChannel> {
+class MultipathChannel final : public Channel,
+                               public ChannelEngine,
+                               public std::enable_shared_from_this<MultipathChannel> {
  public:
   MultipathChannel(int peerRank, std::vector<PathEndpoints> paths, MultipathConfig config,
                    std::function<void()> wakeProgress, std::shared_ptr<Progressor> progressor = nullptr);
@@ -115,44 +73,28 @@ class MultipathChannel : public Channel, public std::enable_shared_from_this<Mul
   void setPathWeights(std::span<const double> weights) override;
   Status health() const override;
 
-  // ---- progress thread only ----
-  std::size_t pathCount() const { return paths_.size(); }
-  // Takes newly posted sends and receives into the protocol state.
-  void drainPosted();
-  // Assigns pending chunks to paths.
-  void schedule(std::int64_t nowUs);
-  // The next chunk a stream of `path` should write; false when there is none.
-  bool nextChunk(std::size_t path, OutChunk* out);
-  // The chunk's header, and its payload from byte `progress` on (at most `maxBytes`);
-  // once the message completed elsewhere the payload reads as zeros (the peer drops it).
-  FrameHeader chunkHeader(const OutChunk& c) const;
-  // Where a kDataRef chunk's first byte lies in this process (what the frame carries).
-  std::uint64_t chunkAddress(const OutChunk& c) const;
-  const std::uint8_t* chunkPayload(const OutChunk& c, std::uint64_t progress, std::size_t* bytes) const;
-  void onChunkWritten(std::size_t path, const OutChunk& c, std::int64_t nowUs);
-
-  Result<RecvTarget> onDataHeader(const FrameHeader& h, std::size_t path);
-  // Destination for payload byte `progress` of the chunk, or nullptr to drop it.
-  std::uint8_t* targetPointer(const RecvTarget& t, std::uint64_t progress) const;
-  // The chunk is fully read; returns the acknowledgement to send back on that stream.
-  Result<FrameHeader> onDataComplete(const RecvTarget& t, std::size_t path);
-  Status onAck(const FrameHeader& h, std::size_t path, std::int64_t nowUs);
-
-  // A path died (its streams are closed). `graceful`: the peer closed it on purpose.
-  void onPathFailed(std::size_t path, const Status& why, bool graceful);
-  // A relay slot's streams are connected (through rank `via`): the path carries chunks
-  // from now on, starting from the best rate any path has.
-  void onPathUp(std::size_t path, int via);
-  void checkStalls(std::int64_t nowUs);
-  // The kernel's figures for a path's streams (see PathStats).
-  void setTcpFigures(std::size_t path, const TcpFigures& figures);
-  // Fails every outstanding request and all later calls with `why`.
-  void fail(const Status& why);
-  bool failed() const { return failed_.load(std::memory_order_acquire); }
-  // From now on isend/irecv fail with `why` (the device is closing); what was posted goes on.
-  void refuseNewPosts(const Status& why);
-  // Eager sends (complete for their callers) the peer has not acknowledged yet.
-  bool hasUnackedEagerSends() const;
+  // ChannelEngine (progress thread; see engine.h).
+  std::size_t pathCount() const override { return paths_.size(); }
+  MetricLabels pathLabels(std::size_t path) const override;
+  void drainPosted() override;
+  void schedule(std::int64_t nowUs) override;
+  bool nextChunk(std::size_t path, OutChunk* out) override;
+  FrameHeader chunkHeader(const OutChunk& c) const override;
+  RemoteRef chunkRef(const OutChunk& c) const override;
+  const std::uint8_t* chunkPayload(const OutChunk& c, std::uint64_t progress, std::size_t* bytes) const override;
+  void onChunkWritten(std::size_t path, const OutChunk& c, std::int64_t nowUs) override;
+  Result<RecvTarget> onDataHeader(const FrameHeader& h, std::size_t path) override;
+  std::uint8_t* targetPointer(const RecvTarget& t, std::uint64_t progress) const override;
+  Result<FrameHeader> onDataComplete(const RecvTarget& t, std::size_t path) override;
+  Status onAck(const FrameHeader& h, std::size_t path, std::int64_t nowUs) override;
+  void onPathFailed(std::size_t path, const Status& why, bool graceful) override;
+  void onPathUp(std::size_t path, int via) override;
+  void checkStalls(std::int64_t nowUs) override;
+  void setPathTelemetry(std::size_t path, const PathTelemetry& figures) override;
+  void fail(const Status& why) override;
+  bool failed() const override { return failed_.load(std::memory_order_acquire); }
+  void refuseNewPosts(const Status& why) override;
+  bool hasUnackedEagerSends() const override;
 
  private:
   struct PathState;

@@ -1,8 +1,8 @@
 // Same-host direct reads (Linux cross-memory attach, process_vm_readv): when two ranks
 // share a host, the receiver copies a large chunk straight out of the sender's buffer,
 // one copy where loopback TCP makes two (into the socket, out of it) and pays the stack
-// on top. Only the chunk's address travels on the stream; the acknowledgement is the
-// usual one, so the sender's buffer stays untouched until the receiver has read it.
+// on top. Only the chunk's address travels on the stream (a RemoteRef with key 0); the
+// acknowledgement is the usual one, so the sender's buffer stays untouched until the receiver has read it.
 //
 // Who may read whom is settled once, at set-up: each rank offers its host key and pid
 // with the address of a random cookie in its memory; a peer that finds the same host key
@@ -18,9 +18,6 @@
 #include "core/status.h"
 
 namespace meridian::transport::tcp {
-
-// The chunk's address in the sender's memory: the whole payload of a kDataRef frame.
-inline constexpr std::size_t kDirectRefBytes = 8;
 
 struct DirectReadOffer {
   std::string hostKey;  // localHostKey() of the offering process

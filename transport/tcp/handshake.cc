@@ -183,27 +183,70 @@ Status clientHandshake(int fd, std::string_view secret, const ConnectInfo& info,
   return decodeResult(res);
 }
 
-Result<ConnectInfo> serverHandshake(int fd, std::string_view secret, TimePoint deadline) {
-  std::array<std::uint8_t, kHelloBytes> hello{};
-  MERIDIAN_RETURN_IF_ERROR(recvAll(fd, hello.data(), hello.size(), deadline).withContext("handshake"));
-  Nonce ns = freshNonce();
-  auto nc = decodeHello(hello);
-  if (!nc) {
-    // Tell a Meridian peer of another version why; say nothing to garbage.
-    if (wire::load<std::uint32_t>(hello.data()) == kHandshakeMagic) {
-      auto ch = encodeChallenge(secret, Nonce{}, ns, HandshakeResult::kVersionMismatch);
-      (void)sendAll(fd, ch.data(), ch.size(), deadline);
-    }
-    return nc.status();
+ServerHandshake::ServerHandshake(std::string secret, Admit admit)
+    : secret_(std::move(secret)),
+      admit_(std::move(admit)),
+      serverNonce_(freshNonce()),
+      result_(peerError("handshake: not finished")) {}
+
+std::size_t ServerHandshake::wantBytes() const {
+  switch (step_) {
+    case Step::kHello: return kHelloBytes;
+    case Step::kAuth: return kAuthBytes;
+    case Step::kDone: return 0;
   }
-  auto ch = encodeChallenge(secret, nc.value(), ns, HandshakeResult::kOk);
-  MERIDIAN_RETURN_IF_ERROR(sendAll(fd, ch.data(), ch.size(), deadline));
-  std::array<std::uint8_t, kAuthBytes> auth{};
-  MERIDIAN_RETURN_IF_ERROR(recvAll(fd, auth.data(), auth.size(), deadline).withContext("handshake"));
-  auto info = verifyAuth(secret, nc.value(), ns, auth);
-  auto res = encodeResult(info ? HandshakeResult::kOk : HandshakeResult::kAuthFailed);
-  (void)sendAll(fd, res.data(), res.size(), deadline);
-  return info;
+  return 0;
+}
+
+std::vector<std::uint8_t> ServerHandshake::feed(std::span<const std::uint8_t> bytes) {
+  if (bytes.size() != wantBytes()) {
+    result_ = internalError("handshake: fed {} bytes where {} were due", bytes.size(), wantBytes());
+    step_ = Step::kDone;
+    return {};
+  }
+  if (step_ == Step::kHello) {
+    std::uint16_t version = 0;
+    auto nc = decodeHello(bytes, &version);
+    if (!nc) {
+      result_ = nc.status();
+      step_ = Step::kDone;
+      if (version != 0 && version != kProtocolVersion) {  // a Meridian peer of another version
+        auto ch = encodeChallenge(secret_, Nonce{}, serverNonce_, HandshakeResult::kVersionMismatch);
+        return {ch.begin(), ch.end()};
+      }
+      return {};
+    }
+    clientNonce_ = nc.value();
+    step_ = Step::kAuth;
+    auto ch = encodeChallenge(secret_, clientNonce_, serverNonce_, HandshakeResult::kOk);
+    return {ch.begin(), ch.end()};
+  }
+  result_ = verifyAuth(secret_, clientNonce_, serverNonce_, bytes);
+  HandshakeResult verdict = result_ ? HandshakeResult::kOk : HandshakeResult::kAuthFailed;
+  if (result_ && admit_) {
+    if (Status why = admit_(result_.value()); !why.isOk()) {
+      result_ = why;
+      verdict = HandshakeResult::kRejected;
+    }
+  }
+  step_ = Step::kDone;
+  auto res = encodeResult(verdict);
+  return {res.begin(), res.end()};
+}
+
+Result<ConnectInfo> serverHandshake(int fd, std::string_view secret, TimePoint deadline,
+                                    const ServerHandshake::Admit& admit) {
+  ServerHandshake hs{std::string(secret), admit};
+  std::vector<std::uint8_t> in;
+  while (!hs.finished()) {
+    in.resize(hs.wantBytes());
+    MERIDIAN_RETURN_IF_ERROR(recvAll(fd, in.data(), in.size(), deadline).withContext("handshake"));
+    const std::vector<std::uint8_t> out = hs.feed(in);
+    if (out.empty()) continue;
+    Status sent = sendAll(fd, out.data(), out.size(), deadline);
+    if (!sent.isOk() && hs.result()) return sent;  // a failure's own reason wins over a failed send
+  }
+  return hs.result();
 }
 
 }  // namespace meridian::transport::tcp

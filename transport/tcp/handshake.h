@@ -7,15 +7,18 @@
 //   client -> server  AUTH       HMAC(secret, "client" | nonceC | nonceS | info), info (56 bytes)
 //   server -> client  RESULT     magic, status                                 (8 bytes)
 //
-// The codec below is pure (unit-tested and fuzzed); clientHandshake/serverHandshake are
-// blocking wrappers for set-up paths, and the TCP engine drives the codec non-blockingly.
+// The codec below is pure (unit-tested and fuzzed). The server's side is one state machine
+// without I/O (ServerHandshake) that both the blocking wrapper for set-up paths
+// (serverHandshake, the store) and the TCP engine's non-blocking acceptor drive.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/clock.h"
 #include "core/secret.h"
@@ -69,9 +72,34 @@ Result<ConnectInfo> verifyAuth(std::string_view secret, const Nonce& clientNonce
 std::array<std::uint8_t, kResultBytes> encodeResult(HandshakeResult result);
 Status decodeResult(std::span<const std::uint8_t> bytes);
 
+// The server's side: feed it exactly wantBytes() bytes at a time as they arrive, send back
+// what each feed returns, until finished(); result() then says who connected, or why not.
+// A client of another version is told so (a CHALLENGE with kVersionMismatch); garbage is
+// told nothing. `admit` (optional) decides on an authenticated client: an error refuses
+// it with kRejected and becomes the result.
+class ServerHandshake {
+ public:
+  using Admit = std::function<Status(const ConnectInfo&)>;
+  ServerHandshake(std::string secret, Admit admit = {});
+  std::size_t wantBytes() const;
+  std::vector<std::uint8_t> feed(std::span<const std::uint8_t> bytes);
+  bool finished() const { return step_ == Step::kDone; }
+  const Result<ConnectInfo>& result() const { return result_; }
+
+ private:
+  enum class Step : std::uint8_t { kHello, kAuth, kDone };
+  std::string secret_;
+  Admit admit_;
+  Step step_ = Step::kHello;
+  Nonce clientNonce_{};
+  Nonce serverNonce_{};
+  Result<ConnectInfo> result_;
+};
+
 // Blocking wrappers for set-up paths (fd must be a blocking or pollable socket).
 Status clientHandshake(int fd, std::string_view secret, const ConnectInfo& info, TimePoint deadline);
-Result<ConnectInfo> serverHandshake(int fd, std::string_view secret, TimePoint deadline);
+Result<ConnectInfo> serverHandshake(int fd, std::string_view secret, TimePoint deadline,
+                                    const ServerHandshake::Admit& admit = {});
 
 Nonce freshNonce();
 

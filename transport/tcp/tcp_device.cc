@@ -23,8 +23,9 @@
 #include "core/knobs.h"
 #include "core/log.h"
 #include "core/wire.h"
-#include "transport/multipath/multipath_channel.h"
+#include "transport/engine.h"
 #include "transport/tcp/direct_read.h"
+#include "transport/tcp/endpoint.h"
 #include "transport/tcp/handshake.h"
 #include "transport/tcp/socket.h"
 #include "transport/tcp/splice.h"
@@ -115,7 +116,7 @@ struct Stream {
   // A kDataRef frame whose address is still arriving.
   bool refPending = false;
   FrameHeader refHeader;
-  std::uint8_t refIn[kDirectRefBytes] = {};
+  std::uint8_t refIn[kRemoteRefBytes] = {};
   std::size_t refGot = 0;
   // Writing: control frames (acks, close) go out between data frames.
   std::vector<std::uint8_t> ctrl;
@@ -128,21 +129,29 @@ struct Stream {
   std::uint64_t written = 0;  // of header + payload
   std::uint64_t frameBytes = 0;
   bool writingRef = false;                     // the frame is a kDataRef: refOut is its payload
-  std::uint8_t refOut[kDirectRefBytes] = {};
+  RemoteRefBytes refOut{};
   int notsentLowat = 0;  // TCP_NOTSENT_LOWAT in force (0: none)
 };
 
 struct ChannelEntry {
   std::uint64_t sessionId = 0;
   int peerRank = 0;
-  std::shared_ptr<MultipathChannel> channel;
+  ChannelPtr channel;                      // the user side, handed to the caller
+  std::shared_ptr<ChannelEngine> engine;   // the same channel as this device drives it
+  // The kernel's figures per path as gauges (registered at the first reading).
+  struct TcpGauges {
+    Gauge* rttSeconds = nullptr;
+    Gauge* deliveryBytesPerSec = nullptr;
+    Gauge* retransmits = nullptr;
+  };
+  std::vector<TcpGauges> tcpGauges;
   std::vector<std::vector<std::unique_ptr<Stream>>> streams;  // [path][stream]
   std::vector<int> expectedStreams;                           // per path; 0 = not known yet
   std::size_t directPaths = 0;                                // paths beyond these: the relay slot
   std::vector<std::string> peerAddresses;                     // the peer's listen addresses
   std::int64_t readPid = 0;                                   // direct reads from this pid (0: none)
   bool ready = false;
-  bool usable() const { return ready && !channel->failed(); }
+  bool usable() const { return ready && !engine->failed(); }
   bool liveStreams(std::size_t path) const {
     return std::any_of(streams[path].begin(), streams[path].end(), [](const auto& s) { return !s->dead; });
   }
@@ -205,7 +214,11 @@ struct TcpDevice::Impl {
   std::chrono::milliseconds unclaimedTimeout{0};
   std::vector<UniqueFd> listeners;
   std::vector<std::string> listenAddrs;
+  EndpointName endpointName;  // listenAddrs, encoded (endpoint.h)
   std::vector<std::string> localIps;
+  // Same-host direct reads per (session, peer), from joinGroup or planDirectRead.
+  std::mutex planMu;
+  std::map<std::pair<std::uint64_t, int>, DirectReadPlan> directPlans;
   UniqueFd epfd;
   std::shared_ptr<Waker> waker = std::make_shared<Waker>();
   std::atomic<bool> running{true};
@@ -448,7 +461,7 @@ void TcpDevice::Impl::stepHandshake(PendingHandshake& hs, std::uint32_t events) 
 ChannelEntry* TcpDevice::Impl::findChannel(std::uint64_t sessionId, int peerRank) {
   ChannelEntry* match = nullptr;
   for (auto& e : channels) {
-    if (e->sessionId == sessionId && e->peerRank == peerRank && !e->channel->failed()) match = e.get();
+    if (e->sessionId == sessionId && e->peerRank == peerRank && !e->engine->failed()) match = e.get();
   }
   return match;
 }
@@ -480,7 +493,7 @@ void TcpDevice::Impl::claimStreams() {
     attachStream(*match, std::move(it->fd), path);
     it = unclaimed.erase(it);
     if (relayStream) {
-      if (match->ready) match->channel->onPathUp(path, via);
+      if (match->ready) match->engine->onPathUp(path, via);
       continue;
     }
     bool all = true;
@@ -538,8 +551,8 @@ void TcpDevice::Impl::startRelay(PendingHandshake& hs) {
               fd.status().message());
     return;
   }
-  tuneDataSocket(client.get(), options.socketBufferBytes);
-  tuneDataSocket(fd->get(), options.socketBufferBytes);
+  tuneDataSocket(client.get(), options.tcp.socketBufferBytes);
+  tuneDataSocket(fd->get(), options.tcp.socketBufferBytes);
   auto r = std::make_unique<RelayEntry>();
   r->splice = std::make_unique<Splice>(std::move(client), std::move(fd.value()), kSpliceBufferBytes);
   r->what = fmt::format("rank {} -> rank {} (session {:x}, plane {})", info.rank, info.relayTarget, info.sessionId,
@@ -578,7 +591,7 @@ void TcpDevice::Impl::stepRelay(RelayEntry& r) {
 
 void TcpDevice::Impl::attachStream(ChannelEntry& e, UniqueFd fd, std::size_t path) {
   auto s = std::make_unique<Stream>();
-  tuneDataSocket(fd.get(), options.socketBufferBytes);
+  tuneDataSocket(fd.get(), options.tcp.socketBufferBytes);
   (void)setNonBlocking(fd.get(), true);
   s->fd = std::move(fd);
   s->path = path;
@@ -606,12 +619,12 @@ void TcpDevice::Impl::failPath(ChannelEntry& e, std::size_t path, const Status& 
   for (auto& s : e.streams[path]) {
     if (!s->dead) closeStream(*s);
   }
-  e.channel->onPathFailed(path, why, graceful);
+  e.engine->onPathFailed(path, why, graceful);
 }
 
 void TcpDevice::Impl::readStream(Stream& s) {
   ChannelEntry& e = *s.entry;
-  MultipathChannel& ch = *e.channel;
+  ChannelEngine& ch = *e.engine;
   std::size_t budget = kReadBudgetBytes;
   // A read shorter than asked for emptied the socket: once its bytes are consumed, stop
   // (epoll is level-triggered and reports what arrives later) instead of paying a
@@ -660,7 +673,7 @@ void TcpDevice::Impl::readStream(Stream& s) {
     // Consume buffered bytes (and finish a chunk completed by a direct read).
     while (!s.dead) {
       if (s.refPending) {
-        if (!s.takeBuffered(s.refIn, &s.refGot, kDirectRefBytes)) break;
+        if (!s.takeBuffered(s.refIn, &s.refGot, kRemoteRefBytes)) break;
         s.refPending = false;
         if (!readDirectChunk(s)) return;
       } else if (!s.inPayload) {
@@ -728,12 +741,12 @@ void TcpDevice::Impl::readStream(Stream& s) {
 
 void TcpDevice::Impl::failChannel(ChannelEntry& e, std::size_t path, const Status& why) {
   MLOG_ERROR(kTransport, "rank {}: {}", e.peerRank, why.message());
-  e.channel->fail(why);
+  e.engine->fail(why);
   failPath(e, path, why, false);
 }
 
 bool TcpDevice::Impl::beginChunk(Stream& s, const FrameHeader& h) {
-  auto t = s.entry->channel->onDataHeader(h, s.path);
+  auto t = s.entry->engine->onDataHeader(h, s.path);
   if (!t) {
     failChannel(*s.entry, s.path, t.status());
     return false;
@@ -746,11 +759,14 @@ bool TcpDevice::Impl::beginChunk(Stream& s, const FrameHeader& h) {
 
 bool TcpDevice::Impl::readDirectChunk(Stream& s) {
   ChannelEntry& e = *s.entry;
-  MultipathChannel& ch = *e.channel;
+  ChannelEngine& ch = *e.engine;
   if (!beginChunk(s, s.refHeader)) return false;
   // A duplicate of a finished message has no target: its sender may own the buffer again.
   if (std::uint8_t* p = ch.targetPointer(s.target, 0); p != nullptr && s.target.header.length > 0) {
-    Status st = readDirect(e.readPid, p, wire::load<std::uint64_t>(s.refIn), s.target.header.length);
+    const RemoteRef ref = decodeRemoteRef(std::span<const std::uint8_t, kRemoteRefBytes>(s.refIn));
+    Status st = ref.key == 0 ? readDirect(e.readPid, p, ref.address, s.target.header.length)
+                             : peerError("rank {} sent a remote-read key {:#x}; same-host reads take none", e.peerRank,
+                                         ref.key);
     if (!st.isOk()) {
       failChannel(e, s.path, st.withContext(fmt::format("chunk of message {}", s.target.header.seq)));
       return false;
@@ -763,7 +779,7 @@ bool TcpDevice::Impl::readDirectChunk(Stream& s) {
 
 void TcpDevice::Impl::flushStream(Stream& s) {
   ChannelEntry& e = *s.entry;
-  MultipathChannel& ch = *e.channel;
+  ChannelEngine& ch = *e.engine;
   // A failed channel's messages were aborted, not acknowledged: finishing a half-written
   // frame (with zeros) would hand the peer bytes it has not seen. Its streams are closed
   // by progressChannels instead.
@@ -784,8 +800,8 @@ void TcpDevice::Impl::flushStream(Stream& s) {
         s.writing = true;
         s.written = 0;
         s.writingRef = h.type == FrameType::kDataRef;
-        if (s.writingRef) wire::store<std::uint64_t>(s.refOut, ch.chunkAddress(s.chunk));
-        s.frameBytes = kFrameHeaderBytes + (s.writingRef ? kDirectRefBytes : h.length);
+        if (s.writingRef) s.refOut = encodeRemoteRef(ch.chunkRef(s.chunk));
+        s.frameBytes = kFrameHeaderBytes + (s.writingRef ? kRemoteRefBytes : h.length);
       } else if (ctrlPending && !s.ctrlUrgent && s.ctrl.size() - s.ctrlDone < kAckBatchBytes &&
                  nowUs() - s.ctrlSinceUs < kAckDelayUs) {
         // Acks of small messages wait briefly for company (data or more acks): their
@@ -807,7 +823,7 @@ void TcpDevice::Impl::flushStream(Stream& s) {
       std::uint64_t payloadDone = s.written > kFrameHeaderBytes ? s.written - kFrameHeaderBytes : 0;
       if (payloadDone < s.frameBytes - kFrameHeaderBytes) {
         if (s.writingRef) {
-          iov[iovcnt++] = {s.refOut + payloadDone, kDirectRefBytes - payloadDone};
+          iov[iovcnt++] = {s.refOut.data() + payloadDone, kRemoteRefBytes - payloadDone};
         } else {
           std::size_t n = 0;
           const std::uint8_t* p = ch.chunkPayload(s.chunk, payloadDone, &n);
@@ -852,8 +868,10 @@ void TcpDevice::Impl::flushStream(Stream& s) {
 }
 
 void TcpDevice::Impl::readTcpInfo(ChannelEntry& e) {
+  auto& reg = MetricsRegistry::global();
+  e.tcpGauges.resize(e.streams.size());
   for (std::size_t p = 0; p < e.streams.size(); ++p) {
-    TcpFigures f;
+    PathTelemetry f;
     for (const auto& s : e.streams[p]) {
       if (s->dead) continue;
       tcp_info info{};
@@ -861,17 +879,33 @@ void TcpDevice::Impl::readTcpInfo(ChannelEntry& e) {
       if (::getsockopt(s->fd.get(), IPPROTO_TCP, TCP_INFO, &info, &len) != 0) continue;
       f.rttUs = std::max(f.rttUs, static_cast<double>(info.tcpi_rtt));
       f.deliveryBytesPerSec += static_cast<double>(info.tcpi_delivery_rate);
-      f.retransmits += info.tcpi_total_retrans;
-      f.segmentsSent += info.tcpi_segs_out;
+      f.unitsResent += info.tcpi_total_retrans;
+      f.unitsSent += info.tcpi_segs_out;
       limitUnsent(*s, static_cast<double>(info.tcpi_delivery_rate));
     }
-    if (f.rttUs >= 0) e.channel->setTcpFigures(p, f);
+    if (f.rttUs < 0) continue;
+    e.engine->setPathTelemetry(p, f);
+    ChannelEntry::TcpGauges& g = e.tcpGauges[p];
+    if (g.rttSeconds == nullptr) {
+      const MetricLabels labels = e.engine->pathLabels(p);
+      g.rttSeconds = &reg.gauge("meridian_transport_path_tcp_rtt_seconds",
+                                "Smoothed RTT the kernel measures on a path's data streams (TCP_INFO; largest stream)",
+                                labels);
+      g.deliveryBytesPerSec =
+          &reg.gauge("meridian_transport_path_tcp_delivery_rate_bytes_per_second",
+                     "Delivery rate the kernel measures on a path's data streams (TCP_INFO; summed)", labels);
+      g.retransmits = &reg.gauge("meridian_transport_path_tcp_retransmits",
+                                 "Segments the kernel retransmitted on a path's data streams so far (TCP_INFO)", labels);
+    }
+    g.rttSeconds->set(f.rttUs * 1e-6);
+    g.deliveryBytesPerSec->set(f.deliveryBytesPerSec);
+    g.retransmits->set(static_cast<double>(f.unitsResent));
   }
 }
 
 void TcpDevice::Impl::limitUnsent(Stream& s, double deliveryBytesPerSec) {
-  if (options.notsentLowatBytes <= 0) return;
-  const double want = std::max(static_cast<double>(options.notsentLowatBytes), deliveryBytesPerSec * kNotsentHorizonSec);
+  if (options.tcp.notsentLowatBytes <= 0) return;
+  const double want = std::max(static_cast<double>(options.tcp.notsentLowatBytes), deliveryBytesPerSec * kNotsentHorizonSec);
   const int lowat = static_cast<int>(std::min(want, static_cast<double>(1 << 30)));
   // Only changes of 2x or more: the delivery rate moves all the time.
   if (lowat >= 2 * s.notsentLowat || 2 * lowat <= s.notsentLowat) {
@@ -887,11 +921,11 @@ void TcpDevice::Impl::progressChannels() {
   if (tcpInfo) lastTcpInfoUs = now;
   for (auto& e : channels) {
     if (!e->ready) continue;
-    MultipathChannel& ch = *e->channel;
+    ChannelEngine& ch = *e->engine;
     if (ch.failed()) {
       for (std::size_t p = 0; p < e->streams.size(); ++p) {
         if (std::any_of(e->streams[p].begin(), e->streams[p].end(), [](auto& s) { return !s->dead; })) {
-          failPath(*e, p, ch.health(), true);
+          failPath(*e, p, e->channel->health(), true);
         }
       }
       continue;
@@ -910,7 +944,7 @@ void TcpDevice::Impl::progressChannels() {
 void TcpDevice::Impl::processEvents(const epoll_event* events, int n) {
   // Posts since the last round go in first (once per round), so data lands in place.
   for (auto& e : channels) {
-    if (e->ready && !e->channel->failed()) e->channel->drainPosted();
+    if (e->ready && !e->engine->failed()) e->engine->drainPosted();
   }
   for (int i = 0; i < n; ++i) {
     int fd = events[i].data.fd;
@@ -1030,7 +1064,7 @@ void TcpDevice::Impl::shutdownAll() {
         ::shutdown(s->fd.get(), SHUT_WR);
       }
     }
-    e->channel->fail(commError("the transport device was closed"));
+    e->engine->fail(commError("the transport device was closed"));
   }
   relaysByFd.clear();
   relays.clear();
@@ -1045,14 +1079,14 @@ TcpDevice::~TcpDevice() {
     // Eager sends completed for their callers before the peer had them: deliver what is
     // still unacknowledged before closing (bounded, in case a peer is gone).
     impl_->runOnProgress([&] {
-      for (auto& e : impl_->channels) e->channel->refuseNewPosts(commError("the transport device is closing"));
+      for (auto& e : impl_->channels) e->engine->refuseNewPosts(commError("the transport device is closing"));
     });
     auto deadline = Clock::now() + std::chrono::seconds(5);
     while (Clock::now() < deadline) {
       bool busy = false;
       impl_->runOnProgress([&] {
         for (auto& e : impl_->channels) {
-          if (e->ready && !e->channel->failed() && e->channel->hasUnackedEagerSends()) busy = true;
+          if (e->ready && !e->engine->failed() && e->engine->hasUnackedEagerSends()) busy = true;
         }
       });
       if (!busy) break;
@@ -1071,12 +1105,12 @@ TcpDevice::~TcpDevice() {
 Result<std::unique_ptr<TcpDevice>> TcpDevice::create(DeviceOptions options) {
   auto impl = std::make_unique<Impl>();
   try {
-    if (options.streamsPerPath <= 0) options.streamsPerPath = static_cast<int>(knobInt(knobs::kTcpStreams, 1, 16));
-    if (options.socketBufferBytes <= 0) {
-      options.socketBufferBytes = static_cast<int>(knobInt(knobs::kTcpSockBufBytes, 0, 1 << 30));
+    if (options.tcp.streamsPerPath <= 0) options.tcp.streamsPerPath = static_cast<int>(knobInt(knobs::kTcpStreams, 1, 16));
+    if (options.tcp.socketBufferBytes <= 0) {
+      options.tcp.socketBufferBytes = static_cast<int>(knobInt(knobs::kTcpSockBufBytes, 0, 1 << 30));
     }
-    if (options.notsentLowatBytes < 0) {
-      options.notsentLowatBytes = static_cast<int>(knobInt(knobs::kTcpNotsentLowatBytes, 0, 1 << 30));
+    if (options.tcp.notsentLowatBytes < 0) {
+      options.tcp.notsentLowatBytes = static_cast<int>(knobInt(knobs::kTcpNotsentLowatBytes, 0, 1 << 30));
     }
     if (options.chunkBytes == 0) {
       options.chunkBytes = static_cast<std::size_t>(knobInt(knobs::kChunkBytes, 4096, kMaxChunkBytes));
@@ -1088,7 +1122,7 @@ Result<std::unique_ptr<TcpDevice>> TcpDevice::create(DeviceOptions options) {
   } catch (const ConfigError& e) {
     return invalidArgument("{}", e.what());
   }
-  if (options.streamsPerPath > 16) return invalidArgument("at most 16 streams per path, not {}", options.streamsPerPath);
+  if (options.tcp.streamsPerPath > 16) return invalidArgument("at most 16 streams per path, not {}", options.tcp.streamsPerPath);
   if (options.chunkBytes > kMaxChunkBytes) return invalidArgument("chunk size {} over {}", options.chunkBytes, kMaxChunkBytes);
   if (options.localAddresses.empty()) return invalidArgument("a TCP device needs at least one local address");
   if (options.localAddresses.size() > 64) return invalidArgument("at most 64 paths");
@@ -1107,6 +1141,7 @@ Result<std::unique_ptr<TcpDevice>> TcpDevice::create(DeviceOptions options) {
     impl->localIps.push_back(ip);
     impl->listeners.push_back(std::move(fd.value()));
   }
+  MERIDIAN_ASSIGN_OR_RETURN(impl->endpointName, encodeEndpoint(impl->listenAddrs));
   impl->options = std::move(options);
   impl->relayedBytes = &MetricsRegistry::global().counter(
       "meridian_transport_relayed_bytes_total", "Bytes this rank forwarded on relay paths between two other ranks",
@@ -1124,32 +1159,109 @@ Result<std::unique_ptr<TcpDevice>> TcpDevice::create(DeviceOptions options) {
   impl->poller->impl = raw;
   impl->thread = std::thread([raw] { raw->loop(); });
   MLOG_INFO(kTransport, "TCP device {} listening on {} ({} streams per path)", raw->options.name,
-            fmt::join(raw->listenAddrs, ", "), raw->options.streamsPerPath);
+            fmt::join(raw->listenAddrs, ", "), raw->options.tcp.streamsPerPath);
   return std::unique_ptr<TcpDevice>(new TcpDevice(std::move(impl)));
 }
 
 const std::vector<std::string>& TcpDevice::listenAddresses() const { return impl_->listenAddrs; }
 
+const EndpointName& TcpDevice::endpoint() const { return impl_->endpointName; }
+
+DeviceCaps TcpDevice::caps() const {
+  DeviceCaps c;
+  c.relay = impl_->options.relaySlot;
+  c.remoteRead = impl_->options.directRead;
+  c.needsRegistration = false;
+  return c;
+}
+
+std::string TcpDevice::describe(std::span<const std::uint8_t> endpoint) const {
+  auto addresses = decodeEndpoint(endpoint);
+  return addresses ? fmt::format("{}", fmt::join(addresses.value(), ", ")) : addresses.status().message();
+}
+
+void TcpDevice::planDirectRead(std::uint64_t sessionId, int peerRank, DirectReadPlan plan) {
+  std::lock_guard lock(impl_->planMu);
+  impl_->directPlans[{sessionId, peerRank}] = plan;
+}
+
+Result<GroupInfo> TcpDevice::joinGroup(GroupExchange& exchange, std::uint64_t sessionId, TimePoint deadline) {
+  const int rank = exchange.rank();
+  const auto n = static_cast<std::size_t>(exchange.size());
+  const bool enabled = impl_->options.directRead;
+  const std::string offer = enabled ? encodeDirectReadOffer(localDirectReadOffer()) : "";
+  auto asBytes = [](const std::string& v) {
+    return std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(v.data()), v.size());
+  };
+  MERIDIAN_ASSIGN_OR_RETURN(auto offers, exchange.allGather("direct-offer", asBytes(offer), deadline));
+  if (offers.size() != n) return internalError("the exchange returned {} offers for {} ranks", offers.size(), n);
+  std::vector<std::int64_t> readPid(n, 0);
+  std::string readable(n, '0');
+  for (std::size_t peer = 0; peer < n; ++peer) {
+    if (!enabled || peer == static_cast<std::size_t>(rank) || offers[peer].empty()) continue;
+    auto o = decodeDirectReadOffer(offers[peer]);
+    if (!o) return o.status().withContext(fmt::format("rank {}'s direct-read offer", peer));
+    if (canReadDirect(o.value())) {
+      readPid[peer] = o->pid;
+      readable[peer] = '1';
+    }
+  }
+  MERIDIAN_ASSIGN_OR_RETURN(auto reads, exchange.allGather("direct-reads", asBytes(readable), deadline));
+  GroupInfo info;
+  info.everyPairReadsDirect = enabled && n > 1;
+  for (std::size_t peer = 0; peer < n; ++peer) {
+    if (peer >= reads.size() || reads[peer].size() != n) {
+      return peerError("rank {} published a direct-read mask of {} entries for {} ranks", peer,
+                       peer < reads.size() ? reads[peer].size() : 0, n);
+    }
+    for (std::size_t q = 0; q < n; ++q) info.everyPairReadsDirect = info.everyPairReadsDirect && (q == peer || reads[peer][q] == '1');
+  }
+  for (std::size_t peer = 0; peer < n; ++peer) {
+    if (peer == static_cast<std::size_t>(rank)) continue;
+    DirectReadPlan plan{readPid[peer], enabled && reads[peer][static_cast<std::size_t>(rank)] == '1'};
+    if (plan.readPeerPid > 0) ++info.directPeers;
+    planDirectRead(sessionId, static_cast<int>(peer), plan);
+  }
+  if (info.directPeers > 0) MLOG_INFO(kTransport, "rank {} reads {} same-host peer(s) directly", rank, info.directPeers);
+  return info;
+}
+
+Result<MemoryRegion> TcpDevice::registerMemory(const void* base, std::size_t bytes) {
+  if (base == nullptr && bytes > 0) return invalidArgument("registering a null range of {} bytes", bytes);
+  return MemoryRegion{base, bytes, 0};
+}
+
+Status TcpDevice::deregisterMemory(const MemoryRegion& region) {
+  (void)region;  // nothing was registered
+  return Status::ok();
+}
+
 Result<ChannelPtr> TcpDevice::openChannel(const ChannelSpec& spec, TimePoint deadline) {
   Impl& d = *impl_;
-  if (spec.peerAddresses.empty()) return invalidArgument("openChannel: rank {} published no addresses", spec.peerRank);
   if (spec.peerRank == spec.selfRank) return invalidArgument("openChannel: a channel to oneself (rank {})", spec.selfRank);
-  std::size_t nPaths = std::min(d.localIps.size(), spec.peerAddresses.size());
+  auto peerAddresses = decodeEndpoint(spec.peer);
+  if (!peerAddresses) return peerAddresses.status().withContext(fmt::format("openChannel: rank {}'s endpoint", spec.peerRank));
+  std::size_t nPaths = std::min(d.localIps.size(), peerAddresses->size());
   std::vector<PathEndpoints> endpoints;
-  for (std::size_t p = 0; p < nPaths; ++p) endpoints.push_back({d.listenAddrs[p], spec.peerAddresses[p]});
-  auto entry = d.makeEntry(spec.sessionId, spec.peerRank, std::move(endpoints), spec.peerAddresses, spec.peerReadsDirect);
-  entry->readPid = spec.readPeerPid;
+  for (std::size_t p = 0; p < nPaths; ++p) endpoints.push_back({d.listenAddrs[p], (*peerAddresses)[p]});
+  DirectReadPlan direct;
+  {
+    std::lock_guard lock(d.planMu);
+    if (auto it = d.directPlans.find({spec.sessionId, spec.peerRank}); it != d.directPlans.end()) direct = it->second;
+  }
+  auto entry = d.makeEntry(spec.sessionId, spec.peerRank, std::move(endpoints), *peerAddresses, direct.peerReadsDirect);
+  entry->readPid = direct.readPeerPid;
   ChannelEntry* e = entry.get();
 
   if (spec.initiate) {
     std::vector<std::pair<std::size_t, UniqueFd>> fds;
     for (std::size_t p = 0; p < nPaths; ++p) {
-      auto remote = parseHostPort(spec.peerAddresses[p]);
+      auto remote = parseHostPort((*peerAddresses)[p]);
       if (!remote) return remote.status();
-      for (int s = 0; s < d.options.streamsPerPath; ++s) {
+      for (int s = 0; s < d.options.tcp.streamsPerPath; ++s) {
         auto fd = connectTo(remote.value(), d.localIps[p], deadline);
         if (!fd) return fd.status().withContext(fmt::format("path {} to rank {}", p, spec.peerRank));
-        const ConnectInfo info = dataStreamInfo(spec.sessionId, spec.selfRank, p, s, d.options.streamsPerPath, nPaths);
+        const ConnectInfo info = dataStreamInfo(spec.sessionId, spec.selfRank, p, s, d.options.tcp.streamsPerPath, nPaths);
         Status st = clientHandshake(fd->get(), d.options.secret, info, deadline);
         if (!st.isOk()) return st.withContext(fmt::format("path {} to rank {}", p, spec.peerRank));
         fds.emplace_back(p, std::move(fd.value()));
@@ -1157,7 +1269,7 @@ Result<ChannelPtr> TcpDevice::openChannel(const ChannelSpec& spec, TimePoint dea
     }
     d.runOnProgress([&] {
       for (auto& [p, fd] : fds) d.attachStream(*e, std::move(fd), p);
-      for (std::size_t p = 0; p < nPaths; ++p) e->expectedStreams[p] = d.options.streamsPerPath;
+      for (std::size_t p = 0; p < nPaths; ++p) e->expectedStreams[p] = d.options.tcp.streamsPerPath;
       e->ready = true;
       d.channels.push_back(std::move(entry));
     });
@@ -1169,7 +1281,7 @@ Result<ChannelPtr> TcpDevice::openChannel(const ChannelSpec& spec, TimePoint dea
     std::unique_lock lock(d.cmdMu);
     if (!d.cmdCv.wait_until(lock, deadline, [&] { return e->ready; })) {
       lock.unlock();
-      d.runOnProgress([&] { e->channel->fail(timeoutError("channel to rank {} never connected", spec.peerRank)); });
+      d.runOnProgress([&] { e->engine->fail(timeoutError("channel to rank {} never connected", spec.peerRank)); });
       return timeoutError("rank {} did not connect all its streams before the deadline (session {:x})", spec.peerRank,
                           spec.sessionId);
     }
@@ -1195,8 +1307,10 @@ std::unique_ptr<ChannelEntry> TcpDevice::Impl::makeEntry(std::uint64_t sessionId
     auto hp = parseHostPort(endpoints.front().remoteAddress);
     config.peerLabel = hp ? hp->host : endpoints.front().remoteAddress;
   }
-  entry->channel = std::make_shared<MultipathChannel>(peerRank, std::move(endpoints), std::move(config),
-                                                      [w = waker] { w->ring(); }, poller);
+  EngineChannel ec = makeMultipathChannel(peerRank, std::move(endpoints), std::move(config),
+                                          [w = waker] { w->ring(); }, poller);
+  entry->channel = std::move(ec.channel);
+  entry->engine = std::move(ec.engine);
   return entry;
 }
 
@@ -1264,7 +1378,7 @@ Status TcpDevice::closeChannel(std::uint64_t sessionId, int peerRank) {
     bool busy = false;
     d.runOnProgress([&] {
       for (auto& e : d.channels) {
-        if (matches(e) && e->usable() && e->channel->hasUnackedEagerSends()) busy = true;
+        if (matches(e) && e->usable() && e->engine->hasUnackedEagerSends()) busy = true;
       }
     });
     if (!busy || Clock::now() > deadline) break;
@@ -1284,7 +1398,7 @@ Status TcpDevice::closeChannel(std::uint64_t sessionId, int peerRank) {
           d.closeStream(*s);
         }
       }
-      (*it)->channel->fail(commError("the channel to rank {} was closed", peerRank));
+      (*it)->engine->fail(commError("the channel to rank {} was closed", peerRank));
       it = d.channels.erase(it);  // closes the streams
       result = Status::ok();
     }
@@ -1317,11 +1431,17 @@ Status TcpDevice::openRelay(const RelaySpec& spec, TimePoint deadline) {
     }
   });
   MERIDIAN_RETURN_IF_ERROR(usable);
-  auto via = parseHostPort(spec.viaAddress);
+  auto viaAddresses = decodeEndpoint(spec.via);
+  if (!viaAddresses) return viaAddresses.status().withContext(fmt::format("rank {}'s endpoint", spec.viaRank));
+  if (static_cast<std::size_t>(spec.plane) >= viaAddresses->size()) {
+    return invalidArgument("rank {} has no plane {}", spec.viaRank, spec.plane);
+  }
+  const std::string& viaAddress = (*viaAddresses)[static_cast<std::size_t>(spec.plane)];
+  auto via = parseHostPort(viaAddress);
   if (!via) return via.status();
-  const std::string what = fmt::format("relay to rank {} via rank {} ({})", spec.peerRank, spec.viaRank, spec.viaAddress);
+  const std::string what = fmt::format("relay to rank {} via rank {} ({})", spec.peerRank, spec.viaRank, viaAddress);
   std::vector<UniqueFd> fds;
-  for (int s = 0; s < d.options.streamsPerPath; ++s) {
+  for (int s = 0; s < d.options.tcp.streamsPerPath; ++s) {
     auto fd = connectTo(via.value(), localIp, deadline);
     if (!fd) return fd.status().withContext(what);
     ConnectInfo hop;  // to via: splice me through to the peer
@@ -1332,7 +1452,7 @@ Status TcpDevice::openRelay(const RelaySpec& spec, TimePoint deadline) {
     hop.relayTarget = spec.peerRank;
     MERIDIAN_RETURN_IF_ERROR(clientHandshake(fd->get(), d.options.secret, hop, deadline).withContext(what));
     // To the peer, end to end through via.
-    ConnectInfo info = dataStreamInfo(spec.sessionId, spec.selfRank, slot, s, d.options.streamsPerPath, 0);
+    ConnectInfo info = dataStreamInfo(spec.sessionId, spec.selfRank, slot, s, d.options.tcp.streamsPerPath, 0);
     info.relayTarget = spec.viaRank;
     MERIDIAN_RETURN_IF_ERROR(clientHandshake(fd->get(), d.options.secret, info, deadline).withContext(what));
     fds.push_back(std::move(fd.value()));
@@ -1346,8 +1466,8 @@ Status TcpDevice::openRelay(const RelaySpec& spec, TimePoint deadline) {
     }
     e->streams[slot].clear();
     for (auto& fd : fds) d.attachStream(*e, std::move(fd), slot);
-    e->expectedStreams[slot] = d.options.streamsPerPath;
-    e->channel->onPathUp(slot, spec.viaRank);
+    e->expectedStreams[slot] = d.options.tcp.streamsPerPath;
+    e->engine->onPathUp(slot, spec.viaRank);
   });
   return attached;
 }

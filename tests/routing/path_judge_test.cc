@@ -1,8 +1,8 @@
-// TcpPathJudge on recorded readings: a path whose streams resend a share of their segments is
+// PathJudge on recorded readings: a path whose streams resend a share of their segments is
 // judged congested after the detector's run of samples and loses its weight, and recovers after
 // the longer exit run; a queue in the kernel's RTT alone (a transfer's own) moves nothing; idle
 // readings are not judged; a dying stream's totals do not read as negative deltas.
-#include "routing/tcp_path_judge.h"
+#include "routing/path_judge.h"
 
 #include <gtest/gtest.h>
 
@@ -18,16 +18,16 @@ transport::PathStats path(double rttUs, double /*minRttUs: the kernel's, not jud
   transport::PathStats p;
   p.alive = true;
   p.localAddress = "198.18.1.2";
-  p.tcpRttUs = rttUs;
-  p.tcpSegmentsSent = segments;
-  p.tcpRetransmits = resent;
+  p.telemetry.rttUs = rttUs;
+  p.telemetry.unitsSent = segments;
+  p.telemetry.unitsResent = resent;
   return p;
 }
 
 // Feeds `n` readings a second apart in which path 0 has `rtt0` (and resends `resent0` of
 // every 1000 segments) while path 1 stays at its 80 ms floor; returns the last update's result.
 struct Feed {
-  TcpPathJudge judge;
+  PathJudge judge;
   std::int64_t nowUs = 0;
   std::uint64_t seg0 = 0, seg1 = 0, re0 = 0;
   std::optional<std::vector<double>> run(int n, double rtt0, std::uint64_t resent0 = 0, bool busy0 = true) {
@@ -44,7 +44,7 @@ struct Feed {
   }
 };
 
-TEST(TcpPathJudgeTest, ResentSegmentsMoveTrafficOffUntilThePathRecovers) {
+TEST(PathJudgeTest, ResentSegmentsMoveTrafficOffUntilThePathRecovers) {
   Feed f;
   EXPECT_FALSE(f.run(5, 81'000).has_value()) << "clear paths keep the neutral weights";
   auto w = f.run(2, 81'000, 50);  // 5% of the segments resent: over the 2% mark
@@ -63,7 +63,7 @@ TEST(TcpPathJudgeTest, ResentSegmentsMoveTrafficOffUntilThePathRecovers) {
   EXPECT_EQ(*w, (std::vector<double>{1.0, 1.0}));
 }
 
-TEST(TcpPathJudgeTest, AQueueAloneIsTheTransfersOwnAndMovesNothing) {
+TEST(PathJudgeTest, AQueueAloneIsTheTransfersOwnAndMovesNothing) {
   // A bulk transfer that saturates its path fills the bottleneck queue itself: 60 ms over an
   // 80 ms floor, no resends. Judging that as congestion pushed traffic onto a flooded plane.
   Feed f;
@@ -81,7 +81,7 @@ TEST(TcpPathJudgeTest, AQueueAloneIsTheTransfersOwnAndMovesNothing) {
   EXPECT_TRUE(entered);
 }
 
-TEST(TcpPathJudgeTest, IdleReadingsAreNotJudged) {
+TEST(PathJudgeTest, IdleReadingsAreNotJudged) {
   Feed f;
   f.run(1, 81'000);
   // A stale RTT from before the path went idle says nothing about now.
@@ -91,10 +91,10 @@ TEST(TcpPathJudgeTest, IdleReadingsAreNotJudged) {
   EXPECT_EQ(f.judge.verdicts()[1].samples, 10);
 }
 
-TEST(TcpPathJudgeTest, ABusyPathWhoseDeliveryRateCollapsesLosesItsWeight) {
+TEST(PathJudgeTest, ABusyPathWhoseDeliveryRateCollapsesLosesItsWeight) {
   // Two paths sending all a second's readings can carry; path 0's rate falls from 50 to
   // 10 MB/s (a plane throttled without loss or queue the kernel's figures would show).
-  TcpPathJudge judge;
+  PathJudge judge;
   std::int64_t t = 0;
   std::uint64_t seg = 0, sent0 = 0, sent1 = 0;
   std::optional<std::vector<double>> w;
@@ -124,8 +124,8 @@ TEST(TcpPathJudgeTest, ABusyPathWhoseDeliveryRateCollapsesLosesItsWeight) {
       << judge.verdicts()[0].reason;
 }
 
-TEST(TcpPathJudgeTest, TotalsThatFallStartANewBaseline) {
-  TcpPathJudge judge;
+TEST(PathJudgeTest, TotalsThatFallStartANewBaseline) {
+  PathJudge judge;
   std::int64_t t = 0;
   judge.update(t += 1'000'000, {path(81'000, 80'000, 50'000, 900)});
   // One of the path's streams died: its segments and retransmits leave the sums. Without a
@@ -136,8 +136,8 @@ TEST(TcpPathJudgeTest, TotalsThatFallStartANewBaseline) {
   EXPECT_EQ(judge.verdicts()[0].samples, 5);
 }
 
-TEST(TcpPathJudgeTest, EveryPathCongestedKeepsThemAllEqualAndDeadPathsAreSkipped) {
-  TcpPathJudge judge;
+TEST(PathJudgeTest, EveryPathCongestedKeepsThemAllEqualAndDeadPathsAreSkipped) {
+  PathJudge judge;
   std::int64_t t = 0;
   std::uint64_t seg = 0;
   std::vector<std::vector<double>> handedOut;

@@ -1,5 +1,5 @@
-// Congestion from TCP_INFO figures (tcp_path_judge.h).
-#include "routing/tcp_path_judge.h"
+// Congestion from TCP_INFO figures (path_judge.h).
+#include "routing/path_judge.h"
 
 #include <algorithm>
 
@@ -7,9 +7,9 @@
 
 namespace meridian::routing {
 
-TcpPathJudge::TcpPathJudge(CongestionConfig config) : config_(config) {}
+PathJudge::PathJudge(CongestionConfig config) : config_(config) {}
 
-std::optional<std::vector<double>> TcpPathJudge::update(std::int64_t nowUs,
+std::optional<std::vector<double>> PathJudge::update(std::int64_t nowUs,
                                                        const std::vector<transport::PathStats>& paths) {
   changed_.clear();
   while (tracks_.size() < paths.size()) tracks_.push_back(Track{CongestionDetector(config_)});
@@ -19,18 +19,18 @@ std::optional<std::vector<double>> TcpPathJudge::update(std::int64_t nowUs,
   for (std::size_t i = 0; i < paths.size(); ++i) {
     const transport::PathStats& p = paths[i];
     Track& t = tracks_[i];
-    if (p.alive && p.tcpRttUs >= 0) {
+    if (p.alive && p.telemetry.rttUs >= 0) {
       // Totals are summed over the path's live streams: a stream that died takes its share
       // with it, so a total that went down starts a new baseline rather than a negative delta.
-      const bool fresh = !t.seen || p.tcpSegmentsSent < t.segments || p.tcpRetransmits < t.retransmits;
-      const std::uint64_t sent = fresh ? 0 : p.tcpSegmentsSent - t.segments;
-      const std::uint64_t resent = fresh ? 0 : p.tcpRetransmits - t.retransmits;
+      const bool fresh = !t.seen || p.telemetry.unitsSent < t.unitsSent || p.telemetry.unitsResent < t.unitsResent;
+      const std::uint64_t sent = fresh ? 0 : p.telemetry.unitsSent - t.unitsSent;
+      const std::uint64_t resent = fresh ? 0 : p.telemetry.unitsResent - t.unitsResent;
       const bool judged = !fresh && sent > 0;
       const double rate = judged ? busyDeliveryRate(p, t.bytesSent, nowUs - t.judgedAtUs) : 0;
       if (fresh || sent > 0) {
         t.seen = true;
-        t.segments = p.tcpSegmentsSent;
-        t.retransmits = p.tcpRetransmits;
+        t.unitsSent = p.telemetry.unitsSent;
+        t.unitsResent = p.telemetry.unitsResent;
         t.bytesSent = p.bytesSent;
         t.judgedAtUs = nowUs;
       }
@@ -38,7 +38,7 @@ std::optional<std::vector<double>> TcpPathJudge::update(std::int64_t nowUs,
         // Loss and rate: figures without an echo (valid false) are not judged on queueing.
         PathFigures f;
         f.loss = std::min(1.0, static_cast<double>(resent) / static_cast<double>(sent));
-        f.sent = t.segments;
+        f.sent = t.unitsSent;
         if (t.detector.update(CongestionSample{nowUs, f, rate})) changed_.push_back(i);
         ++verdicts_[i].samples;
       }
