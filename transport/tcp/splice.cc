@@ -62,7 +62,10 @@ bool Splice::move(Direction& d, std::size_t budget) {
     }
     if (d.head == d.tail) d.head = d.tail = 0;
     if (d.eof && d.head == d.tail && !d.shutDown) {
-      ::shutdown(d.to, SHUT_WR);
+      if (::shutdown(d.to, SHUT_WR) != 0 && errno != ENOTCONN) {
+        error_ = fmt::format("shutdown: {}", std::strerror(errno));
+        return false;
+      }
       d.shutDown = true;
     }
     if (!progressed) break;

@@ -1,0 +1,341 @@
+// The TCP device's insides, shared by the files that each do one of its jobs:
+//   event_loop.cc  the epoll loop, the progress lock and commands run on the progress thread
+//   acceptor.cc    listeners, the server side of the handshake, claiming accepted streams
+//   stream.cc      per-stream framing: reading and writing frames, acks, kernel figures
+//   relay.cc       splicing relay paths between two other ranks
+//   tcp_device.cc  the Device API
+// Private to transport/tcp; nothing outside includes it.
+#pragma once
+
+#include <pthread.h>
+#include <sys/epoll.h>
+#include <netinet/in.h>
+#include <linux/tcp.h>  // struct tcp_info with the delivery rate (glibc's copy predates it)
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include "core/check.h"
+#include "core/fd.h"
+#include "core/knobs.h"
+#include "core/log.h"
+#include "core/wire.h"
+#include "transport/engine.h"
+#include "transport/tcp/direct_read.h"
+#include "transport/tcp/endpoint.h"
+#include "transport/tcp/handshake.h"
+#include "transport/tcp/socket.h"
+#include "transport/tcp/splice.h"
+#include "transport/tcp/tcp_device.h"
+
+namespace meridian::transport::tcp {
+
+// Headers, acks and small payloads are read through a small stream buffer; the rest of a
+// larger payload goes straight from the socket into its destination (no extra copy).
+inline constexpr std::size_t kReadBufferBytes = 8 * 1024;
+inline constexpr std::size_t kDirectReadMinBytes = 8 * 1024;
+inline constexpr std::size_t kReadBudgetBytes = 8u << 20;
+// Acks of chunks this large go out at once (their sender waits for them); smaller ones
+// wait up to kAckDelayUs for company, or until kAckBatchBytes of them are queued.
+inline constexpr std::uint32_t kUrgentAckChunkBytes = 64 * 1024;
+inline constexpr std::int64_t kAckDelayUs = 200;
+inline constexpr std::size_t kAckBatchBytes = 32 * kFrameHeaderBytes;
+inline constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
+// Relays this device carries for others: each holds two buffers of kSpliceBufferBytes.
+inline constexpr std::size_t kMaxSplices = 64;
+inline constexpr std::size_t kSpliceBufferBytes = 256 * 1024;
+
+inline std::string errnoText(int e) { return std::strerror(e); }
+
+// What the client of a data stream tells the server: which stream of which path it is.
+inline ConnectInfo dataStreamInfo(std::uint64_t sessionId, int rank, std::size_t path, int stream, int streams,
+                                  std::size_t paths) {
+  ConnectInfo info;
+  info.pathCount = static_cast<std::uint8_t>(paths);
+  info.kind = ConnectionKind::kDataStream;
+  info.sessionId = sessionId;
+  info.rank = rank;
+  info.pathIndex = static_cast<std::uint16_t>(path);
+  info.streamIndex = static_cast<std::uint16_t>(stream);
+  info.streamCount = static_cast<std::uint16_t>(streams);
+  return info;
+}
+
+
+// An accepted connection still in the server side of the handshake.
+struct PendingHandshake {
+  PendingHandshake(std::string secret, ServerHandshake::Admit admit) : machine(std::move(secret), std::move(admit)) {}
+  UniqueFd fd;
+  std::string peer;
+  TimePoint deadline;
+  ServerHandshake machine;
+  std::vector<std::uint8_t> in;   // bytes of the machine's next input so far
+  std::vector<std::uint8_t> out;  // its last answer, and how much of it went out
+  std::size_t outDone = 0;
+};
+
+// An authenticated stream that no channel has claimed yet.
+struct UnclaimedStream {
+  UniqueFd fd;
+  ConnectInfo info;
+  TimePoint deadline;
+};
+
+struct Stream {
+  UniqueFd fd;
+  std::size_t path = 0;
+  struct ChannelEntry* entry = nullptr;
+  bool dead = false;
+  bool gotClose = false;
+  bool wantOut = false;
+  // Reading.
+  bool inPayload = false;
+  std::uint8_t header[kFrameHeaderBytes] = {};
+  std::size_t headerGot = 0;
+  RecvTarget target;
+  std::uint64_t payloadGot = 0;
+  std::unique_ptr<std::uint8_t[]> rbuf;
+  std::size_t rpos = 0, rlen = 0;
+  // Moves buffered bytes into dst until *got reaches need; true once it has.
+  bool takeBuffered(std::uint8_t* dst, std::size_t* got, std::size_t need) {
+    std::size_t take = std::min(need - *got, rlen - rpos);
+    std::memcpy(dst + *got, rbuf.get() + rpos, take);
+    *got += take;
+    rpos += take;
+    return *got == need;
+  }
+  std::uint8_t drain[16 * 1024];
+  // A kDataRef frame whose address is still arriving.
+  bool refPending = false;
+  FrameHeader refHeader;
+  std::uint8_t refIn[kRemoteRefBytes] = {};
+  std::size_t refGot = 0;
+  // Writing: control frames (acks, close) go out between data frames.
+  std::vector<std::uint8_t> ctrl;
+  std::size_t ctrlDone = 0;
+  bool ctrlUrgent = false;      // an ack of a large chunk (its sender waits for it)
+  std::int64_t ctrlSinceUs = 0; // when the oldest unsent control frame was queued
+  bool writing = false;
+  OutChunk chunk;
+  FrameHeaderBytes chunkHeader{};
+  std::uint64_t written = 0;  // of header + payload
+  std::uint64_t frameBytes = 0;
+  bool writingRef = false;                     // the frame is a kDataRef: refOut is its payload
+  RemoteRefBytes refOut{};
+  int notsentLowat = 0;  // TCP_NOTSENT_LOWAT in force (0: none)
+};
+
+struct ChannelEntry {
+  std::uint64_t sessionId = 0;
+  int peerRank = 0;
+  ChannelPtr channel;                      // the user side, handed to the caller
+  std::shared_ptr<ChannelEngine> engine;   // the same channel as this device drives it
+  // The kernel's figures per path as gauges (registered at the first reading).
+  struct TcpGauges {
+    Gauge* rttSeconds = nullptr;
+    Gauge* deliveryBytesPerSec = nullptr;
+    Gauge* retransmits = nullptr;
+  };
+  std::vector<TcpGauges> tcpGauges;
+  std::vector<std::vector<std::unique_ptr<Stream>>> streams;  // [path][stream]
+  std::vector<int> expectedStreams;                           // per path; 0 = not known yet
+  std::size_t directPaths = 0;                                // paths beyond these: the relay slot
+  std::vector<std::string> peerAddresses;                     // the peer's listen addresses
+  std::int64_t readPid = 0;                                   // direct reads from this pid (0: none)
+  bool ready = false;
+  bool usable() const { return ready && !engine->failed(); }
+  bool liveStreams(std::size_t path) const {
+    return std::any_of(streams[path].begin(), streams[path].end(), [](const auto& s) { return !s->dead; });
+  }
+};
+
+// A relay this device carries between two other ranks.
+struct RelayEntry {
+  std::unique_ptr<Splice> splice;
+  std::uint32_t eventsA = 0, eventsB = 0;  // registered with epoll
+  std::uint64_t counted = 0;               // bytes already added to the metric
+  std::string what;                        // "rank 1 -> rank 2 (session ...)"
+};
+
+// The progress thread's doorbell (an eventfd). Channels hold it by shared_ptr, so a
+// thread posting to a channel while its device is being destroyed rings a live eventfd.
+struct Waker {
+  UniqueFd fd;
+  std::atomic<bool> pending{false};
+  void ring() {
+    if (!pending.exchange(true, std::memory_order_acq_rel)) {
+      std::uint64_t one = 1;
+      // EAGAIN: the counter is full, so the thread is woken anyway.
+      if (::write(fd.get(), &one, sizeof(one)) < 0 && errno != EAGAIN) {
+        MLOG_ERROR(kTransport, "waking the progress thread: {}", errnoText(errno));
+      }
+    }
+  }
+};
+
+// Closes the sending side of a stream; a peer that is gone already (ENOTCONN) is fine.
+inline void shutdownStream(int fd, int how) {
+  if (::shutdown(fd, how) != 0 && errno != ENOTCONN) {
+    MLOG_DEBUG(kTransport, "shutdown(fd {}): {}", fd, errnoText(errno));
+  }
+}
+
+// Progress from waiting threads: whoever holds `mu` runs the engine (the progress thread
+// or a thread in Request::wait). `impl` is cleared when the device goes away; requests
+// that outlive it then simply wait.
+struct Poller : Progressor {
+  std::mutex mu;
+  struct TcpDevice::Impl* impl = nullptr;
+  bool pollOnce(bool* ran = nullptr) override;
+  void beginPolling() override { pollers.fetch_add(1, std::memory_order_acq_rel); }
+  void endPolling(bool handOver) override {
+    if (pollers.fetch_sub(1, std::memory_order_acq_rel) == 1 && handOver) {
+      lastPollUs.store(0, std::memory_order_relaxed);
+      std::lock_guard lock(idleMu);
+      idleCv.notify_all();
+    }
+  }
+  // Whether a thread outside the engine drives it now: one in Request::wait, or one that
+  // called pollOnce (Request::test, NCCL's proxy through the plugin) within kTesterUs.
+  bool othersPolling() const {
+    return pollers.load(std::memory_order_acquire) > 0 ||
+           nowUs() - lastPollUs.load(std::memory_order_relaxed) < kTesterUs;
+  }
+  static constexpr std::int64_t kTesterUs = 1000;
+  std::atomic<int> pollers{0};
+  std::atomic<std::int64_t> lastPollUs{0};
+  std::mutex idleMu;
+  std::condition_variable idleCv;
+};
+
+struct TcpDevice::Impl {
+  DeviceOptions options;
+  std::shared_ptr<Poller> poller = std::make_shared<Poller>();
+  std::uint64_t maxUnexpectedBytes = 0;
+  std::chrono::milliseconds unclaimedTimeout{0};
+  std::vector<UniqueFd> listeners;
+  std::vector<std::string> listenAddrs;
+  EndpointName endpointName;  // listenAddrs, encoded (endpoint.h)
+  std::vector<std::string> localIps;
+  // Same-host direct reads per (session, peer), from joinGroup or planDirectRead.
+  std::mutex planMu;
+  std::map<std::pair<std::uint64_t, int>, DirectReadPlan> directPlans;
+  UniqueFd epfd;
+  std::shared_ptr<Waker> waker = std::make_shared<Waker>();
+  std::atomic<bool> running{true};
+  std::thread thread;
+
+  std::mutex cmdMu;
+  std::condition_variable cmdCv;
+  std::vector<std::function<void()>> commands;
+
+  // Progress-thread state.
+  std::map<int, std::unique_ptr<PendingHandshake>> handshakes;  // by fd
+  std::vector<UnclaimedStream> unclaimed;
+  std::vector<std::unique_ptr<ChannelEntry>> channels;
+  std::map<int, Stream*> streamsByFd;
+  std::vector<std::unique_ptr<RelayEntry>> relays;
+  std::map<int, RelayEntry*> relaysByFd;
+  Counter* relayedBytes = nullptr;
+  Counter* directReadBytes = nullptr;  // chunk bytes read straight from same-host peers' memory
+  std::int64_t lastStallCheckUs = 0;
+  std::int64_t lastTcpInfoUs = 0;
+  static constexpr std::int64_t kTcpInfoPeriodUs = 1'000'000;  // TCP_INFO of every stream, once a second
+  // A stream's unsent bytes in the kernel are held to what it delivers in this long, and to
+  // no less than MERIDIAN_TCP_NOTSENT_LOWAT_BYTES: on a slow path, a deep send buffer of
+  // unsent chunks would hold the acknowledgements queued behind them for seconds (and look
+  // like a stall to the peer), and keep chunks on it that a faster path could take; on a fast
+  // one, a small limit would only cost wake-ups.
+  static constexpr double kNotsentHorizonSec = 0.02;
+  // Sets a stream's TCP_NOTSENT_LOWAT for its measured delivery rate (0: not known yet).
+  void limitUnsent(Stream& s, double deliveryBytesPerSec);
+
+  void wake() { waker->ring(); }
+
+  // Runs `fn` on the progress thread and waits for it.
+  void runOnProgress(std::function<void()> fn) {
+    bool done = false;
+    {
+      std::lock_guard lock(cmdMu);
+      commands.push_back([&, fn = std::move(fn)] {
+        fn();
+        std::lock_guard l(cmdMu);
+        done = true;
+        cmdCv.notify_all();
+      });
+    }
+    wake();
+    std::unique_lock lock(cmdMu);
+    cmdCv.wait(lock, [&] { return done; });
+  }
+
+  // Registers `fd` with epoll (add) or changes its events. Fails only when the kernel is out
+  // of memory or the fd is not what the caller thinks: the caller drops that connection.
+  Status epollSet(int fd, std::uint32_t events, bool add) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.fd = fd;
+    if (::epoll_ctl(epfd.get(), add ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, fd, &ev) != 0) {
+      return internalError("epoll_ctl({}, fd {}): {}", add ? "add" : "mod", fd, errnoText(errno));
+    }
+    return Status::ok();
+  }
+  // Takes `fd` out of epoll before it closes. ENOENT/EBADF (already out) are fine; anything
+  // else is logged, since the fd is about to close and epoll forgets it then anyway.
+  void epollDel(int fd) {
+    if (::epoll_ctl(epfd.get(), EPOLL_CTL_DEL, fd, nullptr) != 0 && errno != ENOENT && errno != EBADF) {
+      MLOG_WARN(kTransport, "epoll_ctl(del, fd {}): {}", fd, errnoText(errno));
+    }
+  }
+
+  void loop();
+  // One round of the engine over `n` ready events; the caller holds poller->mu.
+  void processEvents(const epoll_event* events, int n);
+  void acceptAll(std::size_t listenerIndex);
+  void stepHandshake(PendingHandshake& hs, std::uint32_t events);
+  // Whether an authenticated client may have what it asks for (ServerHandshake::Admit).
+  Status admit(const ConnectInfo& info);
+  void claimStreams();
+  ChannelEntry* findChannel(std::uint64_t sessionId, int peerRank);
+  // A new channel entry (not yet in `channels`) over `endpoints` (+ the relay slot).
+  std::unique_ptr<ChannelEntry> makeEntry(std::uint64_t sessionId, int peerRank, std::vector<PathEndpoints> endpoints,
+                                          std::vector<std::string> peerAddresses, bool peerReadsDirect = false);
+  // acceptChannel's search (progress thread).
+  Result<std::pair<int, ChannelPtr>> acceptAny(std::uint64_t sessionId);
+  // Why a relay request may not be served (ok: it may).
+  Status checkRelayRequest(const ConnectInfo& info);
+  void startRelay(PendingHandshake& hs);
+  void stepRelay(RelayEntry& r);
+  // Forgets a relay and closes both its ends.
+  void endRelay(RelayEntry& r);
+  // Queues a CLOSE frame on a stream between frames and sends it (bounded wait).
+  void sayGoodbye(Stream& s);
+  void attachStream(ChannelEntry& e, UniqueFd fd, std::size_t path);
+  void readStream(Stream& s);
+  // A chunk's header (kData, or a kDataRef's once its address arrived) is in: finds its
+  // target and starts the payload. False when it failed the channel and the path.
+  bool beginChunk(Stream& s, const FrameHeader& h);
+  // The address of a kDataRef chunk has arrived: reads the chunk from the peer's memory into
+  // its target. False when it failed the channel and the path.
+  bool readDirectChunk(Stream& s);
+  // The peer broke the protocol on this path: the channel fails, and the path with it.
+  void failChannel(ChannelEntry& e, std::size_t path, const Status& why);
+  void flushStream(Stream& s);
+  void failPath(ChannelEntry& e, std::size_t path, const Status& why, bool graceful);
+  // Closes one stream now (no goodbye) and forgets its fd and any frame in progress.
+  void closeStream(Stream& s);
+  void progressChannels();
+  // Passes the kernel's figures of each path's streams to the channel (PathStats).
+  void readTcpInfo(ChannelEntry& e);
+  void shutdownAll();
+  MultipathConfig channelConfig() const;
+};
+
+}  // namespace meridian::transport::tcp
