@@ -177,6 +177,56 @@ TEST(MemoryChannelTest, StaticStripingSplitsBytesEvenly) {
   EXPECT_EQ(stats[1].chunksSent, 32u);
 }
 
+// Sends `count` messages of `bytes` one after another over `p` and returns the chunks each
+// path carried for the last of them.
+std::vector<std::uint64_t> sendMessages(Pair& p, int count, std::size_t bytes, std::uint64_t tag) {
+  std::vector<std::uint64_t> before;
+  const auto data = pattern(bytes, static_cast<std::uint32_t>(tag));
+  std::vector<std::uint8_t> got(bytes);
+  for (int i = 0; i < count; ++i) {
+    before.clear();
+    for (const auto& ps : p.ab->pathStats()) before.push_back(ps.chunksSent);
+    auto r = p.ba->irecv(got.data(), got.size(), tag).value();
+    auto s = p.ab->isend(data.data(), data.size(), tag).value();
+    EXPECT_TRUE(p.net->runUntil([&] { return r->done() && s->done(); })) << "message " << i;
+    EXPECT_TRUE(r->status().isOk()) << r->status().toString();
+  }
+  EXPECT_EQ(got, data);
+  std::vector<std::uint64_t> last;
+  const auto stats = p.ab->pathStats();
+  for (std::size_t i = 0; i < stats.size(); ++i) last.push_back(stats[i].chunksSent - before[i]);
+  return last;
+}
+
+TEST(MemoryChannelTest, PutsChunksWhereTheMeasuredRateIs) {
+  Pair p = connect(2);
+  p.net->setStepUs(1000);  // 64 KiB a step = 64 MB/s, 8 KiB = 8 MB/s
+  ASSERT_TRUE(p.net->setFaults(kSession, 0, 1, 0, PathFaults{.bytesPerStep = 64 * 1024}).isOk());
+  ASSERT_TRUE(p.net->setFaults(kSession, 0, 1, 1, PathFaults{.bytesPerStep = 8 * 1024}).isOk());
+  const auto last = sendMessages(p, 8, 1 << 20, 11);
+  EXPECT_GE(last[0], 4 * last[1]) << "the fast path carried " << last[0] << " chunks, the slow one " << last[1];
+  const auto stats = p.ab->pathStats();
+  EXPECT_GT(stats[0].rateBytesPerSec, 3 * stats[1].rateBytesPerSec);
+}
+
+TEST(MemoryChannelTest, RoutingWeightsShiftChunksBetweenEqualPaths) {
+  Pair p = connect(2);
+  p.net->setStepUs(1000);
+  for (std::size_t path = 0; path < 2; ++path) {
+    ASSERT_TRUE(p.net->setFaults(kSession, 0, 1, path, PathFaults{.bytesPerStep = 32 * 1024}).isOk());
+  }
+  const double toPath1[] = {0.125, 1.0};
+  p.ab->setPathWeights(toPath1);
+  auto last = sendMessages(p, 6, 1 << 20, 12);
+  EXPECT_GE(last[1], 3 * last[0]) << "weighted 8:1 toward path 1: " << last[0] << " vs " << last[1];
+  // Back to neutral: path 0 wins its share back within a few messages.
+  const double neutral[] = {1.0, 1.0};
+  p.ab->setPathWeights(neutral);
+  last = sendMessages(p, 6, 1 << 20, 13);
+  const double share0 = static_cast<double>(last[0]) / static_cast<double>(last[0] + last[1]);
+  EXPECT_GT(share0, 0.35) << "path 0 carried " << last[0] << " of " << last[0] + last[1] << " chunks";
+}
+
 TEST(MemoryChannelTest, LosingEveryPathFailsOutstandingRequestsWithAPeerError) {
   Pair p = connect(2);
   std::vector<std::uint8_t> buf(kChunk);

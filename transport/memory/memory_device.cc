@@ -51,6 +51,7 @@ struct Link {
     std::deque<Frame> toSide[2];
     PathFaults faults;
     bool dead = false;
+    std::uint64_t credit[2] = {0, 0};  // payload bytes each direction may still deliver (bytesPerStep)
   };
   std::vector<Path> paths;
 };
@@ -63,6 +64,7 @@ struct Network::State {
   mutable std::mutex mu;
   std::condition_variable cv;  // a link appeared (openChannel waits for its initiator)
   std::int64_t nowUs = 1;
+  std::int64_t stepUs = 0;
   std::uint32_t nextDevice = 1;
   std::uint64_t dropped = 0;
   struct Dev {
@@ -145,6 +147,11 @@ void Network::advanceUs(std::int64_t us) {
   state_->nowUs += std::max<std::int64_t>(us, 0);
 }
 
+void Network::setStepUs(std::int64_t stepUs) {
+  std::lock_guard lock(state_->mu);
+  state_->stepUs = std::max<std::int64_t>(stepUs, 0);
+}
+
 bool Network::step() {
   std::lock_guard lock(state_->mu);
   return state_->stepLocked();
@@ -201,6 +208,7 @@ Link* Network::State::findLink(std::uint64_t sessionId, int rankA, int rankB) {
 
 bool Network::State::stepLocked() {
   bool moved = false;
+  nowUs += stepUs;
   // Writing: every channel's chunks onto its paths.
   for (auto& e : entries) {
     ChannelEngine& eng = *e->engine;
@@ -231,15 +239,24 @@ bool Network::State::stepLocked() {
       }
     }
   }
-  // Delivering: what each path holds, in order (or reversed), unless it is stalled.
+  // Delivering: what each path holds, in order (or reversed), unless it is stalled, and no
+  // more payload than its rate allows (a frame waits until the credit covers it).
   for (auto& l : links) {
     for (std::size_t p = 0; p < l->paths.size(); ++p) {
       for (int side = 0; side < 2; ++side) {
         Link::Path& path = l->paths[p];
         if (path.dead || path.faults.stalled || l->end[side] == nullptr) continue;
+        std::deque<Frame>& queue = path.toSide[side];
+        if (path.faults.reorder) std::reverse(queue.begin(), queue.end());
+        const std::uint64_t limit = path.faults.bytesPerStep;
+        if (limit > 0 && !queue.empty()) path.credit[side] += limit;
         std::deque<Frame> batch;
-        batch.swap(path.toSide[side]);
-        if (path.faults.reorder) std::reverse(batch.begin(), batch.end());
+        while (!queue.empty() && (limit == 0 || queue.front().payload.size() <= path.credit[side])) {
+          if (limit > 0) path.credit[side] -= queue.front().payload.size();
+          batch.push_back(std::move(queue.front()));
+          queue.pop_front();
+        }
+        if (queue.empty()) path.credit[side] = 0;  // an idle link banks nothing
         for (auto& f : batch) {
           moved = true;
           deliver(*l, p, side, std::move(f));

@@ -29,6 +29,9 @@ struct PathFaults {
   int dropData = 0;        // the next this many DATA frames sent on it vanish (loss)
   bool reorder = false;    // frames queued on it are delivered newest first
   bool stalled = false;    // frames queue up and none is delivered (a black hole while set)
+  // At most this many payload bytes a step each way (0: no limit): with setStepUs, a rate
+  // the multipath engine measures as it would a real link's.
+  std::uint64_t bytesPerStep = 0;
 };
 
 class MemoryDevice;
@@ -46,9 +49,11 @@ class Network {
   // A device on this network; options.localAddresses name its paths.
   Result<std::unique_ptr<MemoryDevice>> createDevice(DeviceOptions options);
 
-  // The network's clock (microseconds): starts at 1 and moves only when told.
+  // The network's clock (microseconds): starts at 1 and moves only when told, or by
+  // `stepUs` at the start of every step (0 by default).
   std::int64_t nowUs() const;
   void advanceUs(std::int64_t us);
+  void setStepUs(std::int64_t stepUs);
 
   // One round: every channel takes what was posted, schedules and writes its chunks, then
   // every path delivers what is queued on it (acks go back the same way), then stalls are
