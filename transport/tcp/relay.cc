@@ -40,8 +40,12 @@ void TcpDevice::Impl::startRelay(PendingHandshake& hs) {
               fd.status().message());
     return;
   }
-  tuneDataSocket(client.get(), options.tcp.socketBufferBytes);
-  tuneDataSocket(fd->get(), options.tcp.socketBufferBytes);
+  for (int end : {client.get(), fd->get()}) {
+    if (Status st = tuneDataSocket(end, options.tcp.socketBufferBytes); !st.isOk()) {
+      MLOG_WARN(kTransport, "relay from rank {} to rank {}: {}", info.rank, info.relayTarget, st.message());
+      return;
+    }
+  }
   auto r = std::make_unique<RelayEntry>();
   r->splice = std::make_unique<Splice>(std::move(client), std::move(fd.value()), kSpliceBufferBytes);
   r->what = fmt::format("rank {} -> rank {} (session {:x}, plane {})", info.rank, info.relayTarget, info.sessionId,

@@ -65,13 +65,20 @@ bool setNotsentLowat(int fd, int bytes) {
   return setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &bytes, sizeof(bytes)) == 0;
 }
 
-void tuneDataSocket(int fd, int bufferBytes) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  if (bufferBytes > 0) {
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bufferBytes, sizeof(bufferBytes));
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bufferBytes, sizeof(bufferBytes));
+Status setIntOption(int fd, int level, int name, int value, const char* what) {
+  if (::setsockopt(fd, level, name, &value, sizeof(value)) != 0) {
+    return internalError("setsockopt({}, {}): {}", what, value, std::strerror(errno));
   }
+  return Status::ok();
+}
+
+Status tuneDataSocket(int fd, int bufferBytes) {
+  MERIDIAN_RETURN_IF_ERROR(setIntOption(fd, IPPROTO_TCP, TCP_NODELAY, 1, "TCP_NODELAY"));
+  if (bufferBytes > 0) {
+    MERIDIAN_RETURN_IF_ERROR(setIntOption(fd, SOL_SOCKET, SO_SNDBUF, bufferBytes, "SO_SNDBUF"));
+    MERIDIAN_RETURN_IF_ERROR(setIntOption(fd, SOL_SOCKET, SO_RCVBUF, bufferBytes, "SO_RCVBUF"));
+  }
+  return Status::ok();
 }
 
 Result<UniqueFd> listenOn(const std::string& ip, std::uint16_t port, bool nonBlocking, int backlog) {
@@ -79,8 +86,7 @@ Result<UniqueFd> listenOn(const std::string& ip, std::uint16_t port, bool nonBlo
   if (!addr) return addr.status();
   UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | (nonBlocking ? SOCK_NONBLOCK : 0), 0));
   if (!fd.valid()) return internalError("socket(): {}", std::strerror(errno));
-  int one = 1;
-  setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  MERIDIAN_RETURN_IF_ERROR(setIntOption(fd.get(), SOL_SOCKET, SO_REUSEADDR, 1, "SO_REUSEADDR"));
   if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&addr.value()), sizeof(sockaddr_in)) != 0) {
     return invalidArgument("cannot bind {}:{}: {}", ip, port, std::strerror(errno));
   }
@@ -108,8 +114,7 @@ Result<UniqueFd> startConnect(const HostPort& remote, const std::string& localIp
   auto addr = resolve(remote.host, remote.port);
   if (!addr) return addr.status();
   MERIDIAN_ASSIGN_OR_RETURN(UniqueFd fd, socketBoundTo(localIp));
-  int one = 1;
-  setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  MERIDIAN_RETURN_IF_ERROR(setIntOption(fd.get(), IPPROTO_TCP, TCP_NODELAY, 1, "TCP_NODELAY"));
   if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr.value()), sizeof(sockaddr_in)) != 0 &&
       errno != EINPROGRESS) {
     return peerError("connect to {}: {}", remote.toString(), std::strerror(errno));
@@ -131,7 +136,7 @@ Result<UniqueFd> connectTo(const HostPort& remote, const std::string& localIp, T
       if (prc == 1) {
         int err = 0;
         socklen_t len = sizeof(err);
-        getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+        if (::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
         rc = err == 0 ? 0 : -1;
         errno = err;
       } else {
@@ -141,8 +146,7 @@ Result<UniqueFd> connectTo(const HostPort& remote, const std::string& localIp, T
     }
     if (rc == 0) {
       MERIDIAN_RETURN_IF_ERROR(setNonBlocking(fd.get(), false));
-      int one = 1;
-      setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      MERIDIAN_RETURN_IF_ERROR(setIntOption(fd.get(), IPPROTO_TCP, TCP_NODELAY, 1, "TCP_NODELAY"));
       return fd;
     }
     lastError = std::strerror(errno);

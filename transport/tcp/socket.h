@@ -41,6 +41,8 @@ Status setNonBlocking(int fd, bool on);
 // TCP_NOTSENT_LOWAT: unsent bytes the kernel may hold before the socket stops being writable.
 bool setNotsentLowat(int fd, int bytes);
 // TCP_NODELAY; SO_SNDBUF and SO_RCVBUF when `bufferBytes` > 0.
-void tuneDataSocket(int fd, int bufferBytes);
+Status tuneDataSocket(int fd, int bufferBytes);
+// setsockopt of an int option; `what` names it in the error.
+Status setIntOption(int fd, int level, int name, int value, const char* what);
 
 }  // namespace meridian::transport::tcp

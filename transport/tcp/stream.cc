@@ -5,8 +5,8 @@ namespace meridian::transport::tcp {
 
 void TcpDevice::Impl::attachStream(ChannelEntry& e, UniqueFd fd, std::size_t path) {
   auto s = std::make_unique<Stream>();
-  tuneDataSocket(fd.get(), options.tcp.socketBufferBytes);
-  Status usable = setNonBlocking(fd.get(), true);
+  Status usable = tuneDataSocket(fd.get(), options.tcp.socketBufferBytes);
+  if (usable.isOk()) usable = setNonBlocking(fd.get(), true);
   s->fd = std::move(fd);
   s->path = path;
   limitUnsent(*s, 0);  // the floor until the first TCP_INFO reading gives a rate
