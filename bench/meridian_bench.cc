@@ -14,7 +14,7 @@
 #include "bench/bench_ops.h"
 #include "bench/sweep.h"
 #include "collectives/communicator.h"
-#include "collectives/launch_env.h"
+#include "bootstrap/launch_env.h"
 #include "core/knobs.h"
 #include "core/local_launch.h"
 #include "core/log.h"
@@ -229,7 +229,7 @@ int runRank(const Args& a, const std::string& cmd) {
     return 1;
   }
   commOr.value()->labelMetrics();
-  const auto launch = collectives::detectLaunch();
+  const auto launch = bootstrap::detectLaunch();
   const auto exporter = monitoring::startExporterFromEnv(launch.isOk() ? launch->localRank : 0);
   if (a.durationSec > 0) {
     if (ops.size() != 1 || minBytes != maxBytes) {

@@ -1,5 +1,5 @@
 // Launcher detection and rendezvous at the bootstrap store.
-#include "collectives/launch_env.h"
+#include "bootstrap/launch_env.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -18,7 +18,7 @@
 #include "core/log.h"
 #include "transport/tcp/socket.h"
 
-namespace meridian::collectives {
+namespace meridian::bootstrap {
 namespace tcp = transport::tcp;
 
 namespace {
@@ -310,4 +310,4 @@ std::vector<std::string> withoutPorts(std::vector<std::string> addresses) {
   return addresses;
 }
 
-}  // namespace meridian::collectives
+}  // namespace meridian::bootstrap

@@ -6,11 +6,11 @@
 #include <string>
 #include <vector>
 
-#include "collectives/store.h"
+#include "bootstrap/store.h"
 #include "core/clock.h"
 #include "core/status.h"
 
-namespace meridian::collectives {
+namespace meridian::bootstrap {
 
 // Used when the launcher names no store and every rank runs on this host.
 inline constexpr const char* kDefaultLocalStore = "127.0.0.1:29400";
@@ -54,4 +54,4 @@ std::vector<std::string> localPathAddresses(const LaunchInfo& info);
 // The addresses alone: "ip:port" (a path naming its data port) becomes "ip".
 std::vector<std::string> withoutPorts(std::vector<std::string> addresses);
 
-}  // namespace meridian::collectives
+}  // namespace meridian::bootstrap

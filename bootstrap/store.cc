@@ -1,5 +1,5 @@
 // The bootstrap store: wire codec, StoreState, StoreServer and the TcpStore client.
-#include "collectives/store.h"
+#include "bootstrap/store.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -22,7 +22,7 @@
 #include "transport/tcp/handshake.h"
 #include "transport/tcp/socket.h"
 
-namespace meridian::collectives {
+namespace meridian::bootstrap {
 namespace tcp = transport::tcp;
 
 namespace {
@@ -731,4 +731,4 @@ Status storeBarrier(Store& store, const std::string& prefix, int worldSize, Time
   return released.withContext(fmt::format("storeBarrier '{}'", printable(prefix)));
 }
 
-}  // namespace meridian::collectives
+}  // namespace meridian::bootstrap

@@ -23,7 +23,7 @@
 #include "core/fd.h"
 #include "core/status.h"
 
-namespace meridian::collectives {
+namespace meridian::bootstrap {
 
 // ---- Wire format -------------------------------------------------------------------
 //
@@ -231,4 +231,4 @@ Result<std::vector<std::vector<std::uint8_t>>> storeAllGather(Store& store, cons
 // Returns once all worldSize ranks have called it with this prefix (fresh per barrier).
 Status storeBarrier(Store& store, const std::string& prefix, int worldSize, TimePoint deadline);
 
-}  // namespace meridian::collectives
+}  // namespace meridian::bootstrap

@@ -1,19 +1,21 @@
 # Checks that no file includes a layer above its own (ARCHITECTURE.md):
-#   core <- kernels <- transport <- routing <- collectives <- trainer
+#   core <- kernels <- transport <- (bootstrap, routing) <- collectives <- trainer
 #   nccl_plugin uses transport+routing(+core); monitoring, lab, bench, tests are leaves or
 #   see only what is listed for them. Run: cmake -DROOT=<src> -P CheckLayering.cmake
 cmake_minimum_required(VERSION 3.25)
 set(allowed_core core)
 set(allowed_kernels core kernels)
 set(allowed_transport core transport)
+set(allowed_bootstrap core transport bootstrap)
 set(allowed_routing core transport routing)
-set(allowed_collectives core kernels transport routing collectives)
-set(allowed_trainer core kernels transport routing collectives trainer monitoring)
+set(allowed_collectives core kernels transport bootstrap routing collectives)
+set(allowed_trainer core kernels transport bootstrap routing collectives trainer monitoring)
 set(allowed_monitoring core monitoring)
 set(allowed_nccl_plugin core transport routing nccl_plugin)
 set(allowed_lab core lab)
-set(allowed_bench core kernels transport routing collectives trainer monitoring bench)
-set(layers core kernels transport routing collectives trainer monitoring nccl_plugin lab bench)
+set(allowed_bench core kernels transport bootstrap routing collectives trainer monitoring bench)
+set(allowed_tools core kernels transport bootstrap routing collectives tools)
+set(layers core kernels transport bootstrap routing collectives trainer monitoring nccl_plugin lab bench tools)
 set(violations "")
 foreach(layer IN LISTS layers)
   file(GLOB_RECURSE files "${ROOT}/${layer}/*.h" "${ROOT}/${layer}/*.cc" "${ROOT}/${layer}/*.cu")

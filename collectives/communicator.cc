@@ -20,7 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "collectives/launch_env.h"
+#include "bootstrap/launch_env.h"
 #include "core/check.h"
 #include "core/fd.h"
 #include "core/knobs.h"
@@ -60,17 +60,17 @@ bool isCollective(Communicator::OpKind k) {
 // over this communicator's keys in the store.
 class StoreExchange final : public transport::GroupExchange {
  public:
-  StoreExchange(Store& store, std::string base, int rank, int size)
+  StoreExchange(bootstrap::Store& store, std::string base, int rank, int size)
       : store_(store), base_(std::move(base)), rank_(rank), size_(size) {}
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   Result<std::vector<std::vector<std::uint8_t>>> allGather(std::string_view key, std::span<const std::uint8_t> mine,
                                                            TimePoint deadline) override {
-    return storeAllGather(store_, fmt::format("{}/device/{}", base_, key), rank_, size_, mine, deadline);
+    return bootstrap::storeAllGather(store_, fmt::format("{}/device/{}", base_, key), rank_, size_, mine, deadline);
   }
 
  private:
-  Store& store_;
+  bootstrap::Store& store_;
   std::string base_;
   int rank_;
   int size_;
@@ -109,8 +109,8 @@ struct Communicator::Metrics {
 };
 
 struct Communicator::Owned {
-  std::unique_ptr<StoreServer> server;
-  std::unique_ptr<Store> store;
+  std::unique_ptr<bootstrap::StoreServer> server;
+  std::unique_ptr<bootstrap::Store> store;
 };
 
 // ---- Set-up -------------------------------------------------------------------------
@@ -123,7 +123,7 @@ Communicator::Communicator(int rank, int worldSize, const CommOptions& resolved)
       segmentBytes_(resolved.ringSegmentBytes),
       metrics_(std::make_unique<Metrics>()) {}
 
-Result<std::unique_ptr<Communicator>> Communicator::create(Store& store, int rank, int worldSize,
+Result<std::unique_ptr<Communicator>> Communicator::create(bootstrap::Store& store, int rank, int worldSize,
                                                            const CommOptions& options) {
   if (worldSize < 1 || rank < 0 || rank >= worldSize) {
     return invalidArgument("rank {} / world size {} out of range", rank, worldSize);
@@ -203,7 +203,7 @@ Result<std::unique_ptr<Communicator>> Communicator::create(Store& store, int ran
   }
 
   MERIDIAN_ASSIGN_OR_RETURN(comm->peerEndpoints_,
-                            storeAllGather(store, base + "/addr", rank, worldSize, comm->device_->endpoint(), deadline));
+                            bootstrap::storeAllGather(store, base + "/addr", rank, worldSize, comm->device_->endpoint(), deadline));
   StoreExchange exchange(store, base, rank, worldSize);
   MERIDIAN_ASSIGN_OR_RETURN(const transport::GroupInfo group,
                             comm->device_->joinGroup(exchange, comm->sessionId_, deadline));
@@ -236,17 +236,17 @@ Result<std::unique_ptr<Communicator>> Communicator::create(Store& store, int ran
 }
 
 Result<std::unique_ptr<Communicator>> Communicator::createFromEnvironment(const CommOptions& options) {
-  MERIDIAN_ASSIGN_OR_RETURN(LaunchInfo info, detectLaunch());
+  MERIDIAN_ASSIGN_OR_RETURN(bootstrap::LaunchInfo info, bootstrap::detectLaunch());
   log::setRank(info.rank);
   CommOptions opts = options;
   if (opts.timeout.count() <= 0) {
     opts.timeout = std::chrono::milliseconds(knobInt(knobs::kTimeoutMs, 1, std::numeric_limits<std::int32_t>::max()));
   }
-  if (opts.localAddresses.empty()) opts.localAddresses = localPathAddresses(info);
+  if (opts.localAddresses.empty()) opts.localAddresses = bootstrap::localPathAddresses(info);
   auto owned = std::make_unique<Owned>();
   const std::string secret = opts.secret.empty() ? loadJobSecret() : opts.secret;
   MERIDIAN_ASSIGN_OR_RETURN(owned->store,
-                            rendezvous(info, secret, Clock::now() + opts.timeout, &owned->server));
+                            bootstrap::rendezvous(info, secret, Clock::now() + opts.timeout, &owned->server));
   MERIDIAN_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
                             create(*owned->store, info.rank, info.worldSize, opts));
   comm->owned_ = std::move(owned);
@@ -287,7 +287,7 @@ double busBandwidthFactor(Communicator::OpKind op, int ranks) {
   }
 }
 
-Store* Communicator::store() const { return owned_ ? owned_->store.get() : nullptr; }
+bootstrap::Store* Communicator::store() const { return owned_ ? owned_->store.get() : nullptr; }
 
 Communicator::~Communicator() {
   std::deque<Op> abandoned;
@@ -304,12 +304,12 @@ Communicator::~Communicator() {
   abortTransport(commError("communicator destroyed"));
 }
 
-Status Communicator::startRouting(Store& store, const std::string& base, const CommOptions& opts, TimePoint deadline) {
+Status Communicator::startRouting(bootstrap::Store& store, const std::string& base, const CommOptions& opts, TimePoint deadline) {
   const std::string region = opts.region.empty() ? knobString(knobs::kRegion) : opts.region;
   std::vector<std::string> endpoints;
   if (opts.probe && size_ > 1) {
     routing::ProberOptions po;
-    po.localAddresses = withoutPorts(opts.localAddresses);  // a port there is the data port
+    po.localAddresses = bootstrap::withoutPorts(opts.localAddresses);  // a port there is the data port
     po.interval = opts.probeInterval.count() > 0
                       ? opts.probeInterval
                       : std::chrono::milliseconds(knobInt(knobs::kProbeIntervalMs, 1, 60'000));
@@ -335,7 +335,7 @@ Status Communicator::startRouting(Store& store, const std::string& base, const C
   nlohmann::json mine{{"region", region}, {"probe", endpoints}};
   const std::string text = mine.dump();
   MERIDIAN_ASSIGN_OR_RETURN(
-      auto blobs, storeAllGather(store, base + "/routing", rank_, size_,
+      auto blobs, bootstrap::storeAllGather(store, base + "/routing", rank_, size_,
                                  std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(text.data()),
                                                                text.size()),
                                  deadline));

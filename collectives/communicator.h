@@ -37,7 +37,7 @@
 #include "collectives/algorithms/algorithm.h"
 #include "collectives/plan_sync.h"
 #include "collectives/routing_control.h"
-#include "collectives/store.h"
+#include "bootstrap/store.h"
 #include "collectives/work.h"
 #include "core/clock.h"
 #include "core/status.h"
@@ -90,7 +90,7 @@ class Communicator {
 
   // Connects `worldSize` ranks through `store` (used only during create). Blocks until
   // every channel is up or the timeout passed. Throws ConfigError on a malformed knob.
-  static Result<std::unique_ptr<Communicator>> create(Store& store, int rank, int worldSize,
+  static Result<std::unique_ptr<Communicator>> create(bootstrap::Store& store, int rank, int worldSize,
                                                       const CommOptions& options = {});
   // Rank, world size and store from the environment (detectLaunch + rendezvous); the
   // store (and on rank 0 its server) live as long as the communicator.
@@ -111,7 +111,7 @@ class Communicator {
   void labelPeerMetrics(const std::vector<std::string>& memberRegions) const;
   // The rendezvous store a createFromEnvironment communicator keeps (more communicators
   // of the same job can be created through it); null for one made with create().
-  Store* store() const;
+  bootstrap::Store* store() const;
   int size() const { return size_; }
   std::uint64_t sessionId() const { return sessionId_; }
   // ok while usable; the reason once broken.
@@ -211,7 +211,7 @@ class Communicator {
   void abortTransport(const Status& why);
   Status brokenStatus() const;
   // Starts the path monitor (probes, congestion, weights) and learns every rank's region.
-  Status startRouting(Store& store, const std::string& base, const CommOptions& opts, TimePoint deadline);
+  Status startRouting(bootstrap::Store& store, const std::string& base, const CommOptions& opts, TimePoint deadline);
 
   static std::size_t bytesOf(std::size_t count, DataType dtype) { return count * kernels::dataTypeSize(dtype); }
   Status checkPeer(int peer) const;

@@ -3,7 +3,7 @@
 // region-by-region latency matrix per plane, jitter, loss, the congested paths and the
 // allreduce plan those round trips give.
 //
-//   meridian-lab exec-all -- build/collectives/meridian-probe --duration 10s
+//   meridian-lab exec-all -- build/tools/meridian-probe --duration 10s
 //
 // Every rank probes every path to every peer (routing/prober.h); each report round the
 // ranks publish their rows through the bootstrap store and rank 0 prints them.
@@ -30,8 +30,8 @@
 #include <nlohmann/json.hpp>
 
 #include "collectives/communicator.h"
-#include "collectives/launch_env.h"
-#include "collectives/store.h"
+#include "bootstrap/launch_env.h"
+#include "bootstrap/store.h"
 #include "core/file_util.h"
 #include "core/knobs.h"
 #include "core/log.h"
@@ -231,7 +231,7 @@ double streamRate(Communicator& comm, int sender, int receiver, double seconds, 
 
 // Every rank calls this with the same arguments; returns, on rank 0, per plane the rate of
 // each pair (Mbit/s, -1 where it could not be timed), in ratePairs' order.
-std::vector<std::vector<double>> measureRates(Store& st, int rank, int world, const std::vector<std::string>& planes,
+std::vector<std::vector<double>> measureRates(bootstrap::Store& st, int rank, int world, const std::vector<std::string>& planes,
                                               const std::vector<RatePair>& pairs, double seconds,
                                               const std::string& secret, std::chrono::milliseconds timeout) {
   std::vector<std::vector<double>> rates;
@@ -350,15 +350,15 @@ int run(int argc, char** argv) {
       ->check(CLI::Range(0.0, 60.0));
   CLI11_PARSE(app, argc, argv);
 
-  auto info = detectLaunch();
+  auto info = bootstrap::detectLaunch();
   if (!info.isOk()) throw std::runtime_error(info.status().message());
   log::setRank(info->rank);
   const std::string secret = loadJobSecret();
   const auto timeout = std::chrono::milliseconds(knobInt(knobs::kTimeoutMs, 1, 1 << 30));
-  std::unique_ptr<StoreServer> server;
-  auto store = rendezvous(info.value(), secret, Clock::now() + timeout, &server);
+  std::unique_ptr<bootstrap::StoreServer> server;
+  auto store = bootstrap::rendezvous(info.value(), secret, Clock::now() + timeout, &server);
   if (!store.isOk()) throw std::runtime_error(store.status().message());
-  Store& st = *store.value();
+  bootstrap::Store& st = *store.value();
   const int rank = info->rank, world = info->worldSize;
 
   // One session id for the job: probes of another job on the same network are refused.
@@ -373,7 +373,7 @@ int run(int argc, char** argv) {
   session = std::stoull(std::string(sessionBytes->begin(), sessionBytes->end()));
 
   routing::ProberOptions po;
-  po.localAddresses = withoutPorts(localPathAddresses(info.value()));  // a port there is a data port
+  po.localAddresses = bootstrap::withoutPorts(bootstrap::localPathAddresses(info.value()));  // a port there is a data port
   po.interval = std::chrono::milliseconds(knobInt(knobs::kProbeIntervalMs, 1, 60'000));
   po.secret = secret;
   po.sessionId = session;
@@ -388,7 +388,7 @@ int run(int argc, char** argv) {
             {"node", labNode != nullptr ? std::string(labNode) : fmt::format("{}/{}", host, rank)},
             {"addresses", po.localAddresses},
             {"endpoints", prober.value()->endpoints()}};
-  auto all = storeAllGather(st, "probe/hello", rank, world, bytesOf(mine.dump()), Clock::now() + timeout);
+  auto all = bootstrap::storeAllGather(st, "probe/hello", rank, world, bytesOf(mine.dump()), Clock::now() + timeout);
   if (!all.isOk()) throw std::runtime_error(all.status().message());
   std::vector<RankInfo> ranks;
   for (int r = 0; r < world; ++r) {
@@ -433,7 +433,7 @@ int run(int argc, char** argv) {
     }
     // A stop request on rank 0 (Ctrl-C) ends everyone at the next round.
     json msg{{"rows", rows}, {"stop", gStop.load() || last}};
-    auto gathered = storeAllGather(st, fmt::format("probe/round{}", round), rank, world, bytesOf(msg.dump()),
+    auto gathered = bootstrap::storeAllGather(st, fmt::format("probe/round{}", round), rank, world, bytesOf(msg.dump()),
                                    Clock::now() + timeout);
     if (!gathered.isOk()) throw std::runtime_error(gathered.status().message());
     std::vector<json> allRows;
@@ -505,7 +505,7 @@ int run(int argc, char** argv) {
     if (!pairs.empty()) {
       std::size_t planes = ranks[0].addresses.size();
       for (const auto& r : ranks) planes = std::min(planes, r.addresses.size());
-      std::vector<std::string> addrs = localPathAddresses(info.value());
+      std::vector<std::string> addrs = bootstrap::localPathAddresses(info.value());
       addrs.resize(std::min(addrs.size(), planes));
       if (rank == 0) {
         std::printf("\nmeasuring bulk rates: %zu node pair(s) x %zu plane(s), %.1f s each\n", pairs.size(), addrs.size(),

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "collectives/communicator.h"
-#include "collectives/launch_env.h"
+#include "bootstrap/launch_env.h"
 #include "core/knobs.h"
 #include "core/local_launch.h"
 #include "core/log.h"
@@ -118,12 +118,12 @@ int runRank(const TrainConfig& given, const Args& a, SyncComm* external, const R
   TrainContext ctx;
   ctx.backend = backend.get();
   ctx.external = external;
-  collectives::LaunchInfo launch;
+  bootstrap::LaunchInfo launch;
   if (external != nullptr) {
     launch.rank = external->rank();
     launch.worldSize = external->size();
   } else {
-    auto info = collectives::detectLaunch();
+    auto info = bootstrap::detectLaunch();
     if (!info.isOk()) {
       std::fprintf(stderr, "meridian-train: %s\n", info.status().message().c_str());
       return 2;

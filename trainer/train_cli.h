@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "collectives/communicator.h"
-#include "collectives/launch_env.h"
+#include "bootstrap/launch_env.h"
 #include "trainer/sync.h"
 
 namespace meridian::trainer {
@@ -15,7 +15,7 @@ namespace meridian::trainer {
 // Called in every rank process once it joined the job (comm null for a world of one or with
 // an external SyncComm); whatever it returns is kept alive until the rank is done (e.g. the
 // metrics exporter, which the trainer layer may not depend on).
-using RankHook = std::function<std::shared_ptr<void>(const collectives::LaunchInfo&, collectives::Communicator*)>;
+using RankHook = std::function<std::shared_ptr<void>(const bootstrap::LaunchInfo&, collectives::Communicator*)>;
 
 // Parses argv, runs this rank (or, with --ranks N, starts N local ranks) and returns the
 // exit code: 0 done, 2 bad input, 1 a failure while training.

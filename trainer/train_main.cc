@@ -12,7 +12,7 @@
 int main(int argc, char** argv) {
   using namespace meridian;
   return trainer::trainCli(argc, argv, nullptr,
-                           [](const collectives::LaunchInfo& info, collectives::Communicator* comm) {
+                           [](const bootstrap::LaunchInfo& info, collectives::Communicator* comm) {
                              std::shared_ptr<void> exporter = monitoring::startExporterFromEnv(info.localRank);
                              if (comm != nullptr) comm->labelMetrics();
                              return exporter;

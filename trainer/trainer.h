@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "collectives/store.h"
+#include "bootstrap/store.h"
 #include "core/status.h"
 #include "kernels/backend.h"
 #include "trainer/model.h"
@@ -102,7 +102,7 @@ struct TrainContext {
   kernels::Backend* backend = nullptr;
   collectives::Communicator* comm = nullptr;
   SyncComm* external = nullptr;
-  collectives::Store* store = nullptr;
+  bootstrap::Store* store = nullptr;
   collectives::CommOptions commOptions;  // for the region communicators
 };
 

@@ -1,6 +1,6 @@
 // Launcher detection (each launcher's variables, precedence, bad values) and rendezvous
 // at the store that rank 0 hosts.
-#include "collectives/launch_env.h"
+#include "bootstrap/launch_env.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <optional>
 #include <thread>
 
-namespace meridian::collectives {
+namespace meridian::bootstrap {
 namespace {
 
 using std::chrono::milliseconds;
@@ -408,4 +408,4 @@ TEST_F(LaunchEnvTest, RendezvousRejectsBadArguments) {
 }
 
 }  // namespace
-}  // namespace meridian::collectives
+}  // namespace meridian::bootstrap

@@ -1,6 +1,6 @@
 // The bootstrap store: codec bounds, StoreState semantics, and the real server over
 // loopback with ranks as threads, wrong secrets, garbage clients and shutdown.
-#include "collectives/store.h"
+#include "bootstrap/store.h"
 
 #include <gtest/gtest.h>
 
@@ -39,7 +39,7 @@ std::atomic<std::size_t> gLargestAllocation{0};
 [[gnu::noinline]] void operator delete(void* p) noexcept { std::free(p); }
 [[gnu::noinline]] void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
-namespace meridian::collectives {
+namespace meridian::bootstrap {
 namespace {
 
 namespace tcp = transport::tcp;
@@ -708,4 +708,4 @@ TEST_F(TcpStoreTest, ClientsDisconnectingIsHarmless) {
 }
 
 }  // namespace
-}  // namespace meridian::collectives
+}  // namespace meridian::bootstrap

@@ -47,7 +47,7 @@ Result<std::unique_ptr<RankHarness>> RankHarness::start(int worldSize, const Com
   if (worldSize < 1) return invalidArgument("world size {} < 1", worldSize);
   std::unique_ptr<RankHarness> h(new RankHarness());
   const std::string secret = options.secret.empty() ? loadJobSecret() : options.secret;
-  MERIDIAN_ASSIGN_OR_RETURN(h->server_, collectives::StoreServer::start("127.0.0.1", 0, secret));
+  MERIDIAN_ASSIGN_OR_RETURN(h->server_, bootstrap::StoreServer::start("127.0.0.1", 0, secret));
   const std::string address = fmt::format("127.0.0.1:{}", h->server_->port());
   h->stores_.resize(static_cast<std::size_t>(worldSize));
   h->comms_.resize(static_cast<std::size_t>(worldSize));
@@ -56,7 +56,7 @@ Result<std::unique_ptr<RankHarness>> RankHarness::start(int worldSize, const Com
   std::vector<Status> statuses(ranks.size());
   auto results = runThreads(ranks, [&](int r) -> std::string {
     const auto idx = static_cast<std::size_t>(r);
-    auto store = collectives::TcpStore::connect(address, secret, deadlineAfter(std::chrono::seconds(30)));
+    auto store = bootstrap::TcpStore::connect(address, secret, deadlineAfter(std::chrono::seconds(30)));
     if (!store) {
       statuses[idx] = store.status();
       return statusFailure("store connect", store.status());

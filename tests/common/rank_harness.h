@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "collectives/store.h"
+#include "bootstrap/store.h"
 #include "core/status.h"
 
 namespace meridian::testing {
@@ -44,8 +44,8 @@ class RankHarness {
  private:
   RankHarness() = default;
 
-  std::unique_ptr<collectives::StoreServer> server_;
-  std::vector<std::unique_ptr<collectives::Store>> stores_;
+  std::unique_ptr<bootstrap::StoreServer> server_;
+  std::vector<std::unique_ptr<bootstrap::Store>> stores_;
   std::vector<std::unique_ptr<collectives::Communicator>> comms_;
 };
 
