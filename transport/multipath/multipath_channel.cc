@@ -343,10 +343,16 @@ void MultipathChannel::schedule(std::int64_t nowUs) {
     // clear because it was avoided (a slow link the traffic itself congests) would otherwise
     // take a full share of the next burst, stall under it and be avoided again, over and over
     // (seen with an 8 Mbit/s plane next to 40 Mbit/s ones). An eighth is a few chunks of a
-    // burst: enough to measure it again, little to lose if it is still slow.
+    // burst: enough to measure it again, little to lose if it is still slow. From there it
+    // probes up to the best path's rate, doubling each round trip it keeps up: its samples
+    // alone would only measure the eighth it is given wherever round trips are not set by
+    // the path itself (two loopback paths: an eighth for good, issue 24). Its own rate counts
+    // only once measured: the initial guess would skip the probe, and the first sample would
+    // then replace it outright, one chunk's worth.
     for (auto& p : paths_) {
       if (p->rerate.exchange(false, std::memory_order_relaxed)) {
-        p->rate.reset(std::max(best / kRaisedRateShareOfBest, p->rate.bytesPerSec()));
+        const double own = p->rate.measured() ? p->rate.bytesPerSec() : 0;
+        p->rate.probe(std::max(best / kRaisedRateShareOfBest, own), best);
       }
     }
   }

@@ -50,7 +50,7 @@ RateStamp RateEstimator::onSent(std::int64_t nowUs, bool idle) {
     deliveredUs_ = nowUs;
     firstSentUs_ = nowUs;
   }
-  return RateStamp{delivered_, deliveredUs_, firstSentUs_, nowUs};
+  return RateStamp{delivered_, deliveredUs_, firstSentUs_, nowUs, rate_};
 }
 
 void RateEstimator::onAcked(std::uint64_t bytes, const RateStamp& stamp, std::int64_t nowUs) {
@@ -59,10 +59,65 @@ void RateEstimator::onAcked(std::uint64_t bytes, const RateStamp& stamp, std::in
   firstSentUs_ = stamp.sentUs;  // the next samples' send intervals start where this chunk's ended
   const std::int64_t interval = std::max(stamp.sentUs - stamp.firstSentUs, nowUs - stamp.deliveredUs);
   const std::uint64_t inFlight = delivered_ - stamp.delivered;
+  if (probing()) {
+    onProbeAck(stamp, interval, inFlight);
+    return;
+  }
   if (interval < minIntervalUs_ || inFlight < kMinSampleBytes) return;  // too little to measure a rate on
+  if (stamp.delivered < settledFrom_) return;  // sent during a probe: measures its smaller share
   double sample = std::max(kMinRateBytesPerSec, static_cast<double>(inFlight) * 1e6 / static_cast<double>(interval));
   rate_ = samples_ == 0 ? sample : 0.75 * rate_ + 0.25 * sample;
   ++samples_;
+}
+
+void RateEstimator::probe(double fromBytesPerSec, double ceilingBytesPerSec) {
+  reset(fromBytesPerSec);
+  if (rate_ >= ceilingBytesPerSec) return;
+  probeCeiling_ = ceilingBytesPerSec;
+  roundStart_ = delivered_;
+  roundMeasured_ = roundKeptUp_ = false;
+  roundBest_ = shortBest_ = 0;
+  shortRounds_ = 0;
+}
+
+void RateEstimator::onProbeAck(const RateStamp& stamp, std::int64_t intervalUs, std::uint64_t inFlight) {
+  // Round trips only end a probe that fails. One ends when a chunk sent after it began is
+  // acknowledged, and that chunk's sample belongs to the next one: the first acknowledgements
+  // of a bunch, which cover only themselves, never make up a round of their own.
+  if (stamp.delivered >= roundStart_) {
+    roundStart_ = delivered_;
+    if (roundMeasured_ && !roundKeptUp_) {
+      shortBest_ = std::max(shortBest_, roundBest_);
+      if (++shortRounds_ >= kProbeShortRounds) {
+        rate_ = std::max(kMinRateBytesPerSec, shortBest_);  // what the path showed it carries
+        probeCeiling_ = 0;
+        return;
+      }
+    } else if (roundMeasured_) {
+      shortRounds_ = 0;
+      shortBest_ = 0;
+    }
+    roundMeasured_ = roundKeptUp_ = false;
+    roundBest_ = 0;
+  }
+  if (inFlight < kMinSampleBytes) return;
+  // A flight quicker than the shortest interval counts as that long: a lower bound, which is
+  // all a probe needs.
+  const double sample =
+      static_cast<double>(inFlight) * 1e6 / static_cast<double>(std::max(intervalUs, minIntervalUs_));
+  ++samples_;
+  roundMeasured_ = true;
+  roundBest_ = std::max(roundBest_, sample);
+  if (sample < kProbeKeepUp * stamp.rateBytesPerSec) return;
+  // It carried what its share at that rate gave it: it may have twice that share. Relative to
+  // the chunk's rate, not the current one, so a flight raises the rate once however many
+  // samples it gives.
+  roundKeptUp_ = true;
+  rate_ = std::max(rate_, std::min(kProbeGain * stamp.rateBytesPerSec, probeCeiling_));
+  if (rate_ >= probeCeiling_) {
+    probeCeiling_ = 0;
+    settledFrom_ = delivered_;
+  }
 }
 
 }  // namespace meridian::transport

@@ -46,6 +46,7 @@ struct RateStamp {
   std::int64_t deliveredUs = 0;  // when the last of those was acknowledged (or the flight began)
   std::int64_t firstSentUs = 0;  // when the first chunk of this sample's send interval went out
   std::int64_t sentUs = 0;       // when this chunk went out; 0 = not written on its path yet
+  double rateBytesPerSec = 0;    // the path's rate then, which its share of chunks was cut by
 };
 
 // A path's delivery rate, sampled per acknowledged chunk as TCP samples its own (Linux's
@@ -56,6 +57,12 @@ struct RateStamp {
 // the same stream, or behind a slow reader) cannot inflate the rate, and a flight that starts
 // after an idle period starts its intervals afresh, so idle time does not deflate it.
 // Samples are smoothed with an EWMA. Times in microseconds.
+//
+// A sample cannot show more than the path was given: bytes in flight over a round trip. Where
+// the round trip is not set by the path's own capacity (loopback, a receiver's progress thread
+// shared by all paths, a window below the bandwidth-delay product), a path the scheduler keeps
+// short measures the share it was given, and the share follows the measure: samples alone never
+// earn it more. probe() is for that case (issue 24).
 class RateEstimator {
  public:
   // A sample needs this many bytes: tiny messages measure latency, not rate.
@@ -74,7 +81,22 @@ class RateEstimator {
   // chance and let new samples correct it).
   void reset(double bytesPerSec) {
     rate_ = bytesPerSec > kMinRateBytesPerSec ? bytesPerSec : kMinRateBytesPerSec;
+    probeCeiling_ = 0;
   }
+  // Starts over from `fromBytesPerSec` and probes upward, as slow start does, for a path whose
+  // estimate was made while routing kept it short. A sample that shows the path delivering at
+  // least kProbeKeepUp of the rate its chunk was sent at lets the rate go to kProbeGain times
+  // that rate (so it doubles once a round trip while the path keeps up), up to
+  // `ceilingBytesPerSec` (e.g. the best path's). kProbeShortRounds round trips in a row in
+  // which no sample keeps up end the probe at the best they measured. While probing, samples
+  // are not smoothed in; once the ceiling is reached they are again, except those of chunks
+  // sent before, which only measure the probe's smaller shares. No probe when `from` is
+  // already at the ceiling.
+  void probe(double fromBytesPerSec, double ceilingBytesPerSec);
+  bool probing() const { return probeCeiling_ > 0; }
+  static constexpr double kProbeGain = 2;
+  static constexpr double kProbeKeepUp = 0.5;
+  static constexpr int kProbeShortRounds = 2;
   double bytesPerSec() const { return rate_; }
   bool measured() const { return samples_ > 0; }
   // Bytes acknowledged on the path so far.
@@ -87,6 +109,19 @@ class RateEstimator {
   std::int64_t deliveredUs_ = 0;
   std::int64_t firstSentUs_ = 0;
   std::uint64_t samples_ = 0;
+  // Probing (probe()): the ceiling (0: not probing); the current round trip: where it began
+  // (delivered bytes) and what it measured; the short rounds in a row and the best they
+  // measured; and, once a probe reached its ceiling, the delivered bytes before which a
+  // chunk's sample is not smoothed in.
+  void onProbeAck(const RateStamp& stamp, std::int64_t intervalUs, std::uint64_t inFlight);
+  double probeCeiling_ = 0;
+  std::uint64_t roundStart_ = 0;
+  bool roundMeasured_ = false;
+  bool roundKeptUp_ = false;
+  double roundBest_ = 0;
+  int shortRounds_ = 0;
+  double shortBest_ = 0;
+  std::uint64_t settledFrom_ = 0;
 };
 
 }  // namespace meridian::transport
