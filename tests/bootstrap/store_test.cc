@@ -15,6 +15,7 @@
 
 #include "core/secret.h"
 #include "core/wire.h"
+#include "tests/common/poll.h"
 #include "transport/tcp/handshake.h"
 #include "transport/tcp/socket.h"
 
@@ -43,6 +44,7 @@ namespace meridian::bootstrap {
 namespace {
 
 namespace tcp = transport::tcp;
+using meridian::testing::pollUntil;
 using std::chrono::milliseconds;
 
 constexpr const char* kSecret = "meridian-test-secret";
@@ -55,15 +57,6 @@ std::vector<std::uint8_t> blobFor(int rank, std::size_t size) {
   std::vector<std::uint8_t> b(size);
   for (std::size_t i = 0; i < size; ++i) b[i] = static_cast<std::uint8_t>(rank * 31 + static_cast<int>(i % 251));
   return b;
-}
-
-// Spins (yielding) until cond holds; false if the deadline passes first.
-bool eventually(const std::function<bool()>& cond, TimePoint deadline) {
-  while (!cond()) {
-    if (Clock::now() > deadline) return false;
-    std::this_thread::yield();
-  }
-  return true;
 }
 
 // Serves `frame` and records every read size.
@@ -342,7 +335,7 @@ TEST(StoreStateTest, GetWaitsForTheKeyAndWakesOnSet) {
   StoreState state;
   Result<std::vector<std::uint8_t>> got = internalError("not run");
   std::thread getter([&] { got = state.get("late", in(milliseconds(30000))); });
-  ASSERT_TRUE(eventually([&] { return state.waiterCount() == 1; }, in(milliseconds(10000))));
+  ASSERT_TRUE(pollUntil([&] { return state.waiterCount() == 1; }, milliseconds(10000)));
   EXPECT_TRUE(state.set("late", bytes("here")));
   getter.join();
   ASSERT_TRUE(got) << got.status().toString();
@@ -428,7 +421,7 @@ TEST(StoreStateTest, ShutdownWakesBlockedCallsWithPeerError) {
   Result<std::vector<std::uint8_t>> got = internalError("not run");
   std::thread getter([&] { got = state.get("never", TimePoint::max()); });
   std::thread waiter([&] { waited = state.wait({"never"}, in(milliseconds(60000))); });
-  ASSERT_TRUE(eventually([&] { return state.waiterCount() == 2; }, in(milliseconds(10000))));
+  ASSERT_TRUE(pollUntil([&] { return state.waiterCount() == 2; }, milliseconds(10000)));
   state.shutdown();
   getter.join();
   waiter.join();
@@ -657,7 +650,7 @@ TEST_F(TcpStoreTest, ServerShutdownWhileAClientBlocksInGetGivesThatClientAnError
   Result<std::vector<std::uint8_t>> got = internalError("not run");
   const TimePoint start = Clock::now();
   std::thread getter([&] { got = store->get("never", in(milliseconds(120000))); });
-  ASSERT_TRUE(eventually([&] { return server_->waiterCount() == 1; }, in(milliseconds(10000))));
+  ASSERT_TRUE(pollUntil([&] { return server_->waiterCount() == 1; }, milliseconds(10000)));
   server_.reset();
   getter.join();
   EXPECT_EQ(got.status().code(), StatusCode::kPeerError) << got.status().toString();
@@ -680,7 +673,7 @@ TEST_F(TcpStoreTest, TheRequestThatLetsTheHostLeaveIsStillAnswered) {
       waited = host->wait({"done"}, in(milliseconds(10000)));
       server_.reset();  // leaves the moment the key is there
     });
-    ASSERT_TRUE(eventually([&] { return server_ && server_->waiterCount() == 1; }, in(milliseconds(10000))));
+    ASSERT_TRUE(pollUntil([&] { return server_ && server_->waiterCount() == 1; }, milliseconds(10000)));
     const Status set = last->set("done", bytes("1"));
     owner.join();
     ASSERT_TRUE(waited) << waited.toString();

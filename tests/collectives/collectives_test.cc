@@ -17,6 +17,7 @@
 #include "core/metrics.h"
 #include "kernels/types.h"
 #include "tests/common/collective_checks.h"
+#include "tests/common/poll.h"
 #include "tests/common/rank_harness.h"
 
 namespace meridian::testing {
@@ -267,6 +268,8 @@ TEST_F(CollectivesTest, BarrierHoldsEveryRankUntilAllArrive) {
     std::atomic<int> arrived{0};
     RUN_ON_ALL_RANKS(harnessFor(ranks), [&](int rank, collectives::Communicator& c) -> std::string {
       for (int round = 0; round < 5; ++round) {
+        // One rank arrives late each round: the lateness is the input under test (the barrier
+        // must hold the others for it), not a wait for another thread.
         if (rank == round % ranks) std::this_thread::sleep_for(std::chrono::milliseconds(20));
         arrived.fetch_add(1);
         Status st = c.barrier();
@@ -420,13 +423,14 @@ TEST_F(CollectivesTest, ProbesEveryPathToEveryPeerAndKnowsTheRegions) {
               if (!c.adaptiveRouting()) return "adaptive routing is the default";
               if (c.regionNames() != std::vector<std::string>(3, "east")) return "regions not exchanged";
               std::vector<routing::PathView> paths;
-              for (int i = 0; i < 300; ++i) {
-                paths = c.paths();
-                bool all = paths.size() == 4;
-                for (const auto& p : paths) all = all && p.figures.valid;
-                if (all) break;
-                std::this_thread::sleep_for(std::chrono::milliseconds(10));
-              }
+              pollUntil(
+                  [&] {
+                    paths = c.paths();
+                    bool all = paths.size() == 4;
+                    for (const auto& p : paths) all = all && p.figures.valid;
+                    return all;
+                  },
+                  std::chrono::seconds(10), std::chrono::milliseconds(10));
               if (paths.size() != 4) return fmt::format("{} paths seen, not 2 peers x 2", paths.size());
               for (const auto& p : paths) {
                 if (p.peer == rank) return "probes its own rank";

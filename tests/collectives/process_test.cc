@@ -165,6 +165,7 @@ LaunchResult launchOnce(int worldSize, int port) {
       }
       break;
     }
+    // The rest between two reaps of a poll bounded by the deadline above: it orders nothing.
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return result;

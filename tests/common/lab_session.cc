@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <fstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -16,6 +17,26 @@ EmulatorLateness emulatorLateness(const std::string& labName) {
   auto j = nlohmann::json::parse(r.output, nullptr, false);
   if (r.code != 0 || j.is_discarded() || !j.contains("emulator")) return {};
   return {j["emulator"].value("late_sum_us", 0.0), j["emulator"].value("packets_out", 0.0)};
+}
+
+double linkFigure(const std::string& labName, const std::string& plane, const std::string& src, const std::string& dst,
+                  const std::string& field) {
+  auto r = runShell(labCommand(labName, "status --json"));
+  auto j = nlohmann::json::parse(r.output, nullptr, false);
+  if (r.code != 0 || j.is_discarded() || !j.contains("links")) return -1;
+  for (const auto& l : j["links"]) {
+    if (l.value("plane", "") == plane && l.value("src", "") == src && l.value("dst", "") == dst) {
+      return l.value(field, -1.0);
+    }
+  }
+  return -1;
+}
+
+bool processEnded(int pid) {
+  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+  std::string pidText, comm, state;
+  // comm is in parentheses and has no spaces for the processes tests start.
+  return !(stat >> pidText >> comm >> state) || state == "Z" || state == "X";
 }
 
 double meanLateMs(const EmulatorLateness& before, const EmulatorLateness& after) {

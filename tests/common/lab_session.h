@@ -1,6 +1,6 @@
 // Helpers for tests that drive a real meridian-lab (label `lab`): run a shell command and
-// capture its output, and a lab brought up under a test-only name that is always taken
-// down again.
+// capture its output, read the emulator's figures, tell when a process has ended, and a lab
+// brought up under a test-only name that is always taken down again.
 #pragma once
 
 #include <string>
@@ -31,6 +31,15 @@ struct EmulatorLateness {
 EmulatorLateness emulatorLateness(const std::string& labName);
 // Mean lateness per packet in ms between two readings (0 when no packet left).
 double meanLateMs(const EmulatorLateness& before, const EmulatorLateness& after);
+
+// One link's figure from `status --json`: `field` ("bytes", "backlog_bytes", "queue_drops",
+// ...) of the link on `plane` from region `src` to `dst`; -1 when the status cannot be read
+// or has no such link.
+double linkFigure(const std::string& labName, const std::string& plane, const std::string& src, const std::string& dst,
+                  const std::string& field);
+
+// True when process `pid` has ended: it is gone, or a zombie its parent has not reaped yet.
+bool processEnded(int pid);
 
 // Brings a lab up from `topologyFile` (extra `up` arguments allowed) and takes it down on
 // destruction; `up()` reports failure with the tool's output.

@@ -28,6 +28,7 @@
 #include "lab/lab.h"
 #include "lab/netns.h"
 #include "tests/common/lab_session.h"
+#include "tests/common/poll.h"
 
 namespace meridian::lab {
 namespace {
@@ -36,6 +37,8 @@ constexpr const char* kLab = "mltest";
 const std::string kTopology = std::string(MERIDIAN_SOURCE_DIR) + "/lab/topologies/two-regions.yaml";
 
 using meridian::testing::CommandResult;
+using meridian::testing::linkFigure;
+using meridian::testing::pollUntil;
 CommandResult sh(const std::string& command) { return meridian::testing::runShell(command); }
 std::string lab(const std::string& args) { return meridian::testing::labCommand(kLab, args); }
 
@@ -125,6 +128,8 @@ class Echo {
           break;
         }
       }
+      // Spaces the probes out so the round trips sample the path over time; it orders nothing
+      // (each echo was matched to its own probe above).
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     return out;
@@ -250,7 +255,8 @@ double iperfRate(const std::string& server, const std::string& client, const std
   return j["end"]["sum_received"].value("bits_per_second", -1.0);
 }
 
-// Starts `iperf3 -s -1` in a node (it serves one test, then exits).
+// Starts `iperf3 -s -1` in a node (it serves one test, then exits) and returns once it listens
+// (or has exited).
 pid_t startIperfServer(const std::string& node, const std::string& address, int port) {
   pid_t pid = ::fork();
   if (pid == 0) {
@@ -258,7 +264,14 @@ pid_t startIperfServer(const std::string& node, const std::string& address, int 
     ::execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
     ::_exit(127);
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const bool listening = pollUntil(
+      [&] {
+        if (::waitpid(pid, nullptr, WNOHANG) == pid) return true;  // failed: the client's error tells why
+        auto listeners = sh(lab(fmt::format("run {} -- ss -Hltn 'sport = :{}'", node, port)));
+        return listeners.code == 0 && !listeners.output.empty();
+      },
+      std::chrono::seconds(30), std::chrono::milliseconds(20));
+  EXPECT_TRUE(listening) << "iperf3 -s never listened on port " << port << " in " << node;
   return pid;
 }
 
@@ -328,7 +341,11 @@ TEST_F(LabFixture, CrossTrafficQueuesAndDropsLikeRealCongestion) {
   std::thread sender([&] {
     flow = sh(lab(fmt::format("cross-traffic wan-a east-1 west-1 --rate {}bit --duration 3s", 1.5 * rate)));
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // Measure once the flow has filled the queue in front of the link: it drops (the flow runs
+  // 3 s; filling takes a fraction of that).
+  EXPECT_TRUE(pollUntil([&] { return linkFigure(kLab, "wan-a", "east", "west", "queue_drops") > 0; },
+                        std::chrono::seconds(3), std::chrono::milliseconds(20)))
+      << "the cross traffic never filled the queue";
   const double loaded = median(echo.measure(5, std::chrono::milliseconds(1000)));
   sender.join();
   ASSERT_EQ(flow.code, 0) << flow.output;
@@ -350,7 +367,9 @@ TEST_F(LabFixture, CrossTrafficQueuesAndDropsLikeRealCongestion) {
   }
   EXPECT_GT(queueDrops, 0u) << "an overloaded drop-tail queue drops";
   // Once the flow is over, the queue drains and the round trip is back.
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_TRUE(pollUntil([&] { return linkFigure(kLab, "wan-a", "east", "west", "backlog_bytes") == 0; },
+                        std::chrono::seconds(10), std::chrono::milliseconds(20)))
+      << "the queue never drained";
   expectSteadyRtt(echo, 5, 40.0, "after the flow");
 }
 
@@ -371,6 +390,8 @@ TEST_F(LabFixture, ScenarioAppliesTimedEvents) {
   const auto lateBefore = meridian::testing::emulatorLateness(kLab);
   const auto start = std::chrono::steady_clock::now();
   std::thread scenario([&] { run = sh(lab("scenario " + file)); });
+  // Measures at points of the scenario's own timeline: the times are the input under test
+  // (events due at 0, 1 and 2 s), each measurement in the middle of its event's second.
   auto at = [&](double s) {
     std::this_thread::sleep_until(start + std::chrono::milliseconds(static_cast<int>(s * 1000)));
   };
@@ -502,7 +523,8 @@ TEST_F(LabFixture, DownLeavesNothingBehindEvenAfterACrash) {
 
   // The emulator dies hard; `up` again cleans up after it and builds a fresh lab.
   ASSERT_EQ(::kill(emulator, SIGKILL), 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_TRUE(pollUntil([&] { return meridian::testing::processEnded(emulator); }, std::chrono::seconds(10)))
+      << "the emulator outlived SIGKILL";
   r = sh(lab("up " + kTopology));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("left behind"), std::string::npos) << r.output;

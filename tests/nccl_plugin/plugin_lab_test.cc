@@ -5,20 +5,33 @@
 // while wan-a is only slow the plugin's routing monitor sees the sender's streams resend on it
 // (or its delivery rate fall far below its peak) and moves the traffic off it.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <regex>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "tests/common/lab_session.h"
+#include "tests/common/poll.h"
 
 namespace meridian::plugin {
 namespace {
 
 using meridian::testing::LabSession;
+using meridian::testing::pollUntil;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+std::string readFile(const std::string& path) {
+  std::ifstream f(path);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
 
 TEST(NcclPluginLabTest, TransfersSurviveAPathDegradedAndThenCutBetweenRegions) {
   if (auto why = meridian::testing::labUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
@@ -47,30 +60,57 @@ TEST(NcclPluginLabTest, TransfersSurviveAPathDegradedAndThenCutBetweenRegions) {
   EXPECT_GT(std::stoi(m[1]), 100) << props.output << probe.output;
   EXPECT_LT(std::stoi(m[1]), 210) << props.output << probe.output;
   EXPECT_NE(props.output.find(" Mbit/s (measured), latency "), std::string::npos) << "NCCL's INFO line\n" << props.output;
-  const std::string handle = ::testing::TempDir() + "/nccl-lab-handle";
+  // Named for this process, so a run beside it (another checkout) cannot hand over its files.
+  const std::string handle = fmt::format("{}/nccl-lab-handle-{}", ::testing::TempDir(), ::getpid());
+  const std::string sendLog = handle + ".sender.log";
+  auto removeFiles = [&] {
+    for (const char* suffix : {"", ".sender-done", ".receiver-done", ".sender.log"}) std::filesystem::remove(handle + suffix);
+  };
+  // An earlier run's files would hand the connector an old handle: gone before the listener
+  // starts, so the handle that appears is this listener's.
+  removeFiles();
   const std::string env = fmt::format(
       "env LD_LIBRARY_PATH={} MERIDIAN_SECRET=nccl-lab MERIDIAN_PATH_STALL_MS=1000 NCCL_DEBUG=INFO "
       "MERIDIAN_LOG=info:plugin",
       MERIDIAN_PLUGIN_DIR);
   meridian::testing::CommandResult listener;
+  std::atomic<bool> listenerDone{false}, senderDone{false};
   std::thread receiving([&] {
     listener = session.run(fmt::format("run east-1 -- {} {} --listen --handle-file {} --repeat 3", env,
                                        MERIDIAN_CHECK_BIN, handle));
+    listenerDone = true;
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // The listener writes its handle atomically once it listens (or fails and exits).
+  EXPECT_TRUE(pollUntil([&] { return std::filesystem::exists(handle) || listenerDone.load(); }, seconds(60)))
+      << "no handle at " << handle;
+  // The sender's log goes to a file as it runs, so the test can see the monitor's verdict.
   meridian::testing::CommandResult sender;
+  const double wanABytes = meridian::testing::linkFigure(session.name(), "wan-a", "west", "east", "bytes");
   std::thread sending([&] {
-    sender = session.run(fmt::format("run west-1 -- {} {} --connect --handle-file {} --repeat 3", env,
-                                     MERIDIAN_CHECK_BIN, handle));
+    sender = session.run(fmt::format("run west-1 -- sh -c '{} {} --connect --handle-file {} --repeat 3 >{} 2>&1'", env,
+                                     MERIDIAN_CHECK_BIN, handle, sendLog));
+    senderDone = true;
   });
-  std::this_thread::sleep_for(std::chrono::seconds(2));
+  // Degrade wan-a once the transfers run on it: 4 MB through it from west to east.
+  EXPECT_TRUE(pollUntil(
+      [&] {
+        return senderDone.load() ||
+               meridian::testing::linkFigure(session.name(), "wan-a", "west", "east", "bytes") >= wanABytes + 4e6;
+      },
+      seconds(60), milliseconds(50)))
+      << "no transfer on wan-a";
   auto degrade = session.run("set wan-a east west --rate 10Mbit");
-  // Long enough for a few once-a-second TCP_INFO readings to show the resends (the detector
-  // wants three in a row).
-  std::this_thread::sleep_for(std::chrono::seconds(8));
+  // Cut it once the sender's monitor has named it congested: that takes a few once-a-second
+  // TCP_INFO readings showing the resends (the detector wants three in a row). The check of
+  // the verdict itself is below.
+  const std::regex congested(R"(: path 0 \(198\.18\.0\.[0-9]+:[0-9]+\) congested: (loss|delivery rate) )");
+  pollUntil([&] { return senderDone.load() || std::regex_search(readFile(sendLog), congested); }, seconds(60),
+            milliseconds(100));
   auto cut = session.run("cut wan-a east west");
   sending.join();
   receiving.join();
+  sender.output += readFile(sendLog);
+  removeFiles();
   EXPECT_EQ(degrade.code, 0) << degrade.output;
   EXPECT_EQ(cut.code, 0) << cut.output;
   EXPECT_EQ(sender.code, 0) << sender.output;
@@ -80,9 +120,7 @@ TEST(NcclPluginLabTest, TransfersSurviveAPathDegradedAndThenCutBetweenRegions) {
   // wan-a is the sender's path 0 (MERIDIAN_PATHS lists the planes in order). The monitor
   // names it congested by whichever sign it reads first: the streams' resends (loss), or a
   // delivery rate far below the path's peak; CI runs have shown each.
-  EXPECT_TRUE(std::regex_search(sender.output,
-                                std::regex(R"(: path 0 \(198\.18\.0\.[0-9]+:[0-9]+\) congested: (loss|delivery rate) )")))
-      << sender.output;
+  EXPECT_TRUE(std::regex_search(sender.output, congested)) << sender.output;
   if (auto at = sender.output.find(") congested: "); at != std::string::npos) {
     const auto begin = sender.output.rfind('\n', at) + 1;  // npos + 1 == 0: the first line
     std::printf("[ routing  ] %s\n", sender.output.substr(begin, sender.output.find('\n', at) - begin).c_str());

@@ -6,9 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -19,6 +23,7 @@
 
 #include "nccl_plugin/conformance.h"
 #include "nccl_plugin/plugin_core.h"
+#include "tests/common/poll.h"
 #include "transport/tcp/endpoint.h"
 
 namespace meridian::plugin {
@@ -109,14 +114,30 @@ TEST(NcclPluginTest, ConformanceInOneProcessAlternatingOnOneThread) {
 // Two fresh processes (meridian-nccl-check, as a user runs it between two hosts): each loads
 // its own copy of the plugin, the listener hands its handle over through a file.
 TEST(NcclPluginTest, ConformanceBetweenTwoProcesses) {
-  const std::string handle = ::testing::TempDir() + "/nccl-check-handle";
+  // Named for this process: a run of the same test beside it (another checkout on the same
+  // machine) must not hand its handle or its done-files to this one.
+  const std::string handle = fmt::format("{}/nccl-check-handle-{}", ::testing::TempDir(), ::getpid());
+  auto removeFiles = [&] {
+    for (const char* suffix : {"", ".sender-done", ".receiver-done"}) std::filesystem::remove(handle + suffix);
+  };
+  // An earlier run's files would hand the connector an old handle: gone before the listener
+  // starts, so the handle that appears is this listener's.
+  removeFiles();
   std::string listenOut, connectOut;
+  std::atomic<bool> listenerDone{false};
   std::thread listener([&] {
     listenOut = run(fmt::format("{} --listen --handle-file {} 2>&1; echo exit=$?", MERIDIAN_CHECK_BIN, handle));
+    listenerDone = true;
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the listener clears stale files first
-  connectOut = run(fmt::format("{} --connect --handle-file {} 2>&1; echo exit=$?", MERIDIAN_CHECK_BIN, handle));
+  // The listener writes its handle atomically once it listens (or fails and exits).
+  const bool handed = meridian::testing::pollUntil(
+      [&] { return std::filesystem::exists(handle) || listenerDone.load(); }, std::chrono::seconds(60));
+  if (handed && std::filesystem::exists(handle)) {
+    connectOut = run(fmt::format("{} --connect --handle-file {} 2>&1; echo exit=$?", MERIDIAN_CHECK_BIN, handle));
+  }
   listener.join();
+  removeFiles();
+  ASSERT_TRUE(handed) << "no handle at " << handle << " after 60 s";
   EXPECT_NE(listenOut.find("receiver passed"), std::string::npos) << listenOut;
   EXPECT_NE(listenOut.find("exit=0"), std::string::npos) << listenOut;
   EXPECT_NE(connectOut.find("sender passed"), std::string::npos) << connectOut;

@@ -94,6 +94,8 @@ Timeline runTimeline(LabSession& session, const std::string& env, double seconds
   std::vector<std::thread> changers;
   for (const auto& change : changes) {
     changers.emplace_back([&session, change, atSec] {
+      // The change is the experiment's input at a point of the run's own timeline (the rows
+      // before and after it are what the tests compare), not a wait for the run to be ready.
       std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int>(atSec * 1000)));
       auto r = session.run(change);
       EXPECT_EQ(r.code, 0) << change << ": " << r.output;

@@ -10,12 +10,12 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "tests/common/lab_session.h"
+#include "tests/common/poll.h"
 #include "tests/trainer/synthetic.h"
 #include "trainer/checkpoint.h"
 
@@ -23,6 +23,8 @@ namespace meridian::trainer {
 namespace {
 
 namespace fs = std::filesystem;
+using meridian::testing::pollUntil;
+using meridian::testing::processEnded;
 using meridian::testing::runShell;
 
 class TrainProcessTest : public ::testing::Test {
@@ -72,18 +74,18 @@ TEST_F(TrainProcessTest, KilledHalfWayAndResumedEndsOnTheUninterruptedWeights) {
   }
   ::setpgid(pid, pid);
   bool killed = false;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (std::chrono::steady_clock::now() < deadline) {
-    auto steps = validCheckpointSteps(ckpt + "/rank-1");
-    if (steps.isOk() && !steps->empty() && steps->front() >= 30) {
-      ::kill(-pid, SIGKILL);
-      killed = true;
-      break;
-    }
-    int status = 0;
-    if (::waitpid(pid, &status, WNOHANG) == pid) break;  // finished before we could kill it
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  pollUntil(
+      [&] {
+        auto steps = validCheckpointSteps(ckpt + "/rank-1");
+        if (steps.isOk() && !steps->empty() && steps->front() >= 30) {
+          ::kill(-pid, SIGKILL);
+          killed = true;
+          return true;
+        }
+        int status = 0;
+        return ::waitpid(pid, &status, WNOHANG) == pid;  // finished before we could kill it
+      },
+      std::chrono::seconds(120), std::chrono::milliseconds(5));
   if (killed) ::waitpid(pid, nullptr, 0);
   ASSERT_TRUE(killed) << "the run ended before it could be killed";
   auto newest = validCheckpointSteps(ckpt + "/rank-0");
@@ -118,23 +120,19 @@ TEST_F(TrainProcessTest, RanksDieWithTheirLauncher) {
     ::_exit(127);
   }
   std::vector<pid_t> ranks;
-  for (int i = 0; i < 200 && ranks.size() < 2; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(25));
-    std::ifstream children("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
-    ranks.clear();
-    for (pid_t c; children >> c;) ranks.push_back(c);
-  }
+  pollUntil(
+      [&] {
+        std::ifstream children("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
+        ranks.clear();
+        for (pid_t c; children >> c;) ranks.push_back(c);
+        return ranks.size() >= 2;
+      },
+      std::chrono::seconds(5), std::chrono::milliseconds(25));
   ASSERT_EQ(ranks.size(), 2u) << "the launcher did not start its ranks";
   ::kill(pid, SIGKILL);
   ::waitpid(pid, nullptr, 0);
   for (pid_t r : ranks) {
-    bool gone = false;
-    for (int i = 0; i < 200 && !gone; ++i) {
-      std::ifstream stat("/proc/" + std::to_string(r) + "/stat");
-      std::string pidText, comm, state;
-      gone = !(stat >> pidText >> comm >> state) || state == "Z" || state == "X";
-      if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(25));
-    }
+    const bool gone = pollUntil([&] { return processEnded(r); }, std::chrono::seconds(5), std::chrono::milliseconds(25));
     EXPECT_TRUE(gone) << "rank process " << r << " outlived its launcher";
     if (!gone) ::kill(r, SIGKILL);
   }
