@@ -6,6 +6,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/check.h"
 #include "core/clock.h"
 #include "core/log.h"
 #include "core/metrics.h"
@@ -39,6 +40,7 @@ struct PathMonitor::Impl {
     Gauge* weight = nullptr;
   };
   std::unique_ptr<Prober> prober;
+  std::shared_ptr<const TimeSource> clock;  // null: the steady clock
   std::string proberName;  // labels this monitor's series apart from other communicators'
   bool adaptive = true;
   ApplyWeights apply;
@@ -55,7 +57,7 @@ struct PathMonitor::Impl {
   std::thread thread;
 
   void tick() {
-    const std::int64_t now = nowUs();
+    const std::int64_t now = clock ? clock->nowUs() : nowUs();
     std::map<int, std::vector<CongestionState>> states;
     std::vector<std::pair<int, std::vector<double>>> changed;
     const std::vector<ProbeRow> rows = prober->snapshot();
@@ -133,6 +135,8 @@ Result<std::unique_ptr<PathMonitor>> PathMonitor::create(ProberOptions probe, bo
   auto impl = std::make_unique<Impl>();
   impl->interval = probe.interval;
   impl->proberName = probe.name;
+  impl->clock = probe.clock;
+  const bool startThread = probe.startThread;
   MERIDIAN_ASSIGN_OR_RETURN(impl->prober, Prober::create(std::move(probe)));
   impl->adaptive = adaptive;
   impl->apply = apply ? std::move(apply) : [](int, const std::vector<double>&) {};
@@ -141,7 +145,7 @@ Result<std::unique_ptr<PathMonitor>> PathMonitor::create(ProberOptions probe, bo
   impl->transitions = &MetricsRegistry::global().counter("meridian_routing_congestion_changes_total",
                                                          "Times a path became congested or clear again");
   Impl* raw = impl.get();
-  impl->thread = std::thread([raw] { raw->run(); });
+  if (startThread) impl->thread = std::thread([raw] { raw->run(); });
   return std::unique_ptr<PathMonitor>(new PathMonitor(std::move(impl)));
 }
 
@@ -151,7 +155,7 @@ PathMonitor::~PathMonitor() {
     impl_->stop = true;
   }
   impl_->cv.notify_all();
-  impl_->thread.join();
+  if (impl_->thread.joinable()) impl_->thread.join();
 }
 
 std::vector<std::string> PathMonitor::endpoints() const { return impl_->prober->endpoints(); }
@@ -161,6 +165,13 @@ Status PathMonitor::setPeer(int rank, const std::vector<std::string>& endpoints)
 }
 
 bool PathMonitor::adaptive() const { return impl_->adaptive; }
+
+void PathMonitor::tick() {
+  MERIDIAN_CHECK(!impl_->thread.joinable());
+  impl_->tick();
+}
+
+Prober& PathMonitor::prober() { return *impl_->prober; }
 
 std::vector<PathView> PathMonitor::paths() const {
   auto rows = impl_->prober->snapshot();

@@ -56,6 +56,8 @@ class PathMonitor {
 
   // `apply` is called from the monitor's thread whenever a peer's weights change; `readPaths`
   // (may be empty: then no rate is judged) from the same thread once per round and peer.
+  // The monitor reads the time from probe.clock, and with probe.startThread false it starts
+  // no thread either: the caller drives prober() and tick() (tests).
   static Result<std::unique_ptr<PathMonitor>> create(ProberOptions probe, bool adaptive, ApplyWeights apply,
                                                      ReadPaths readPaths = {}, CongestionConfig congestion = {});
   ~PathMonitor();
@@ -68,6 +70,12 @@ class PathMonitor {
   // Congestion state changes so far (the last 1000).
   std::vector<PathEvent> events() const;
   bool adaptive() const;
+
+  // One round, as the monitor's thread runs it each probe interval: judge every path on the
+  // prober's figures now and hand out the weights that changed. Call it by hand only when
+  // probe.startThread was false, as the prober's probeRound() and drainSockets().
+  void tick();
+  Prober& prober();
 
  private:
   struct Impl;

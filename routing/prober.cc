@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include "core/check.h"
 #include "core/clock.h"
 #include "core/fd.h"
 #include "core/host_port.h"
@@ -68,6 +69,7 @@ struct Prober::Impl {
   };
 
   ProberOptions options;
+  const TimeSource* clock = &steadyTime();  // options.clock when given
   std::vector<std::uint8_t> secret;
   std::vector<UniqueFd> sockets;  // one per local path
   std::vector<std::string> localEndpoints;
@@ -111,14 +113,17 @@ struct Prober::Impl {
     ps.loss->set(f.loss);
   }
 
-  void receive(std::size_t path) {
+  // Returns how many datagrams it read.
+  std::size_t receive(std::size_t path) {
+    std::size_t read = 0;
     for (;;) {
       std::uint8_t buf[kProbeBytes + 1];
       sockaddr_in from{};
       socklen_t len = sizeof(from);
       ssize_t n = ::recvfrom(sockets[path].get(), buf, sizeof(buf), MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&from), &len);
-      if (n < 0) return;
-      const std::int64_t now = nowUs();
+      if (n < 0) return read;
+      ++read;
+      const std::int64_t now = clock->nowUs();
       auto m = decodeProbe(std::span<const std::uint8_t>(buf, static_cast<std::size_t>(n)), secret);
       std::lock_guard<std::mutex> lock(mu);
       if (!m.isOk() || m->sessionId != options.sessionId) {
@@ -161,15 +166,15 @@ struct Prober::Impl {
     for (const auto& s : sockets) fds.push_back({s.get(), POLLIN, 0});
     fds.push_back({wakeRead.get(), POLLIN, 0});
     const std::int64_t intervalUs = options.interval.count() * 1000;
-    std::int64_t next = nowUs();
+    std::int64_t next = clock->nowUs();
     while (!stop.load(std::memory_order_relaxed)) {
-      std::int64_t now = nowUs();
+      std::int64_t now = clock->nowUs();
       if (now >= next) {
         sendRound(now);
         // Keep the period even when a round ran late, without bursting to catch up.
         next = std::max(next + intervalUs, now + intervalUs / 2);
       }
-      int waitMs = static_cast<int>(std::max<std::int64_t>(0, (next - nowUs() + 999) / 1000));
+      int waitMs = static_cast<int>(std::max<std::int64_t>(0, (next - clock->nowUs() + 999) / 1000));
       if (::poll(fds.data(), fds.size(), waitMs) <= 0) continue;
       for (std::size_t i = 0; i < sockets.size(); ++i) {
         if (fds[i].revents & POLLIN) receive(i);
@@ -186,6 +191,7 @@ Result<std::unique_ptr<Prober>> Prober::create(ProberOptions options) {
   if (options.interval < std::chrono::milliseconds(1)) return invalidArgument("probe interval must be at least 1 ms");
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
+  if (impl->options.clock) impl->clock = impl->options.clock.get();
   impl->secret.assign(impl->options.secret.begin(), impl->options.secret.end());
   for (const auto& addr : impl->options.localAddresses) {
     UniqueFd fd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
@@ -206,7 +212,7 @@ Result<std::unique_ptr<Prober>> Prober::create(ProberOptions options) {
   impl->wakeRead.reset(pipeFds[0]);
   impl->wakeWrite.reset(pipeFds[1]);
   Impl* raw = impl.get();
-  impl->thread = std::thread([raw] { raw->run(); });
+  if (impl->options.startThread) impl->thread = std::thread([raw] { raw->run(); });
   return std::unique_ptr<Prober>(new Prober(std::move(impl)));
 }
 
@@ -214,7 +220,7 @@ Prober::~Prober() {
   impl_->stop = true;
   char c = 1;
   [[maybe_unused]] ssize_t w = ::write(impl_->wakeWrite.get(), &c, 1);
-  impl_->thread.join();
+  if (impl_->thread.joinable()) impl_->thread.join();
 }
 
 std::vector<std::string> Prober::endpoints() const { return impl_->localEndpoints; }
@@ -243,7 +249,7 @@ Status Prober::setPeer(int rank, const std::vector<std::string>& endpoints) {
 }
 
 std::vector<ProbeRow> Prober::snapshot() const {
-  const std::int64_t now = nowUs();
+  const std::int64_t now = impl_->clock->nowUs();
   std::lock_guard<std::mutex> lock(impl_->mu);
   std::vector<ProbeRow> rows;
   for (const auto& [rank, peer] : impl_->peers) {
@@ -258,6 +264,18 @@ std::vector<ProbeRow> Prober::snapshot() const {
 ProberCounters Prober::counters() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->counters;
+}
+
+void Prober::probeRound() {
+  MERIDIAN_CHECK(!impl_->options.startThread);
+  impl_->sendRound(impl_->clock->nowUs());
+}
+
+std::size_t Prober::drainSockets() {
+  MERIDIAN_CHECK(!impl_->options.startThread);
+  std::size_t read = 0;
+  for (std::size_t p = 0; p < impl_->sockets.size(); ++p) read += impl_->receive(p);
+  return read;
 }
 
 }  // namespace meridian::routing

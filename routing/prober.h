@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/clock.h"
 #include "core/status.h"
 #include "routing/estimators.h"
 
@@ -27,6 +28,12 @@ struct ProberOptions {
   std::uint64_t sessionId = 0;
   int selfRank = 0;
   std::string name = "probe";                    // thread name suffix and metrics label
+  // Where the prober reads the time (send and echo times, timeouts, figures); null: the
+  // steady clock. A test keeps another reference to the clock it moves.
+  std::shared_ptr<const TimeSource> clock;
+  // false: no thread; nothing is sent or read until the caller calls probeRound() and
+  // drainSockets() (tests that move a hand-driven clock).
+  bool startThread = true;
 };
 
 struct ProbeRow {
@@ -58,6 +65,13 @@ class Prober {
   // The latest figures of every (peer, path). Thread-safe.
   std::vector<ProbeRow> snapshot() const;
   ProberCounters counters() const;
+
+  // Driving by hand, only for a prober created with startThread = false (the thread does
+  // both each interval otherwise). probeRound sends one round of probes to every path;
+  // drainSockets answers the requests and takes the echoes already waiting on the sockets
+  // and returns how many datagrams it read. Both read the time from options.clock.
+  void probeRound();
+  std::size_t drainSockets();
 
  private:
   struct Impl;

@@ -1,17 +1,24 @@
 // PathMonitor: weights from congestion states, two monitors over loopback that see each
 // other's paths and hand out neutral weights while nothing is congested, and a data channel's
-// rate collapse moving traffic once.
+// rate collapse moving traffic once. The monitors are driven by hand on a ManualClock: each
+// round is one probe interval of the test's own time, so no result depends on how fast the
+// machine runs the monitor's thread.
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <chrono>
+#include <memory>
 #include <mutex>
-#include <thread>
 
 #include "routing/path_monitor.h"
+#include "tests/common/manual_clock.h"
+#include "tests/routing/hand_driven.h"
 
 namespace meridian::routing {
 namespace {
+
+using meridian::testing::ManualClock;
+using std::chrono::microseconds;
+using std::chrono::milliseconds;
 
 using S = CongestionState;
 
@@ -24,15 +31,35 @@ TEST(PathWeightsTest, CongestedPathsKeepASmallShareUnlessAllAre) {
   EXPECT_TRUE(weightsFor({}).empty());
 }
 
-ProberOptions options(int rank) {
+constexpr milliseconds kInterval{10};
+constexpr microseconds kRtt{300};  // every echo's round trip in the test's time
+
+ProberOptions options(int rank, const std::shared_ptr<ManualClock>& clock) {
   ProberOptions o;
   o.localAddresses = {"127.0.0.1", "127.0.0.2"};
-  o.interval = std::chrono::milliseconds(10);
+  o.interval = kInterval;
   o.secret = "s";
   o.sessionId = 3;
   o.selfRank = rank;
   o.name = "monitor-test";
+  o.clock = clock;
+  o.startThread = false;
   return o;
+}
+
+// One probe interval: `a` probes both paths, `b` (when there) answers, the echoes arrive kRtt
+// later, and `a` judges its paths at the end of the interval.
+void driveRound(PathMonitor& a, PathMonitor* b, ManualClock& clock) {
+  a.prober().probeRound();
+  if (b != nullptr) {
+    ASSERT_TRUE(drain(b->prober(), 2)) << "b never got both requests";
+    clock.advance(kRtt);
+    ASSERT_TRUE(drain(a.prober(), 2)) << "a never got both echoes";
+    clock.advance(kInterval - kRtt);
+  } else {
+    clock.advance(kInterval);
+  }
+  a.tick();
 }
 
 TEST(PathMonitorTest, SeesEveryPathAndAppliesNeutralWeightsWhenClear) {
@@ -42,17 +69,14 @@ TEST(PathMonitorTest, SeesEveryPathAndAppliesNeutralWeightsWhenClear) {
     std::lock_guard<std::mutex> lock(mu);
     applied.emplace_back(peer, w);
   };
-  auto a = PathMonitor::create(options(0), true, record);
-  auto b = PathMonitor::create(options(1), false, nullptr);
+  auto clock = std::make_shared<ManualClock>();
+  auto a = PathMonitor::create(options(0, clock), true, record);
+  auto b = PathMonitor::create(options(1, clock), false, nullptr);
   ASSERT_TRUE(a.isOk() && b.isOk());
   ASSERT_TRUE(a.value()->setPeer(1, b.value()->endpoints()).isOk());
   ASSERT_TRUE(b.value()->setPeer(0, a.value()->endpoints()).isOk());
-  std::vector<PathView> paths;
-  for (int i = 0; i < 300; ++i) {
-    paths = a.value()->paths();
-    if (paths.size() == 2 && paths[0].figures.valid && paths[1].figures.valid) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  ASSERT_NO_FATAL_FAILURE(driveRound(*a.value(), b.value().get(), *clock));
+  std::vector<PathView> paths = a.value()->paths();
   ASSERT_EQ(paths.size(), 2u);
   for (const auto& p : paths) {
     EXPECT_EQ(p.peer, 1);
@@ -61,7 +85,7 @@ TEST(PathMonitorTest, SeesEveryPathAndAppliesNeutralWeightsWhenClear) {
     EXPECT_DOUBLE_EQ(p.weight, 1.0);
   }
   EXPECT_TRUE(a.value()->events().empty());
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (int i = 0; i < 5; ++i) ASSERT_NO_FATAL_FAILURE(driveRound(*a.value(), b.value().get(), *clock));
   std::lock_guard<std::mutex> lock(mu);
   ASSERT_FALSE(applied.empty()) << "the first round hands out weights";
   EXPECT_EQ(applied.front(), (std::pair<int, std::vector<double>>{1, {1, 1}}));
@@ -71,19 +95,20 @@ TEST(PathMonitorTest, SeesEveryPathAndAppliesNeutralWeightsWhenClear) {
 }
 
 TEST(PathMonitorTest, ALostPeerMakesItsPathsCongestedWithEqualWeights) {
-  std::atomic<int> calls{0};
-  auto a = PathMonitor::create(options(0), true, [&](int, const std::vector<double>&) { ++calls; });
-  auto b = PathMonitor::create(options(1), true, nullptr);
+  auto clock = std::make_shared<ManualClock>();
+  auto a = PathMonitor::create(options(0, clock), true, [](int, const std::vector<double>&) {});
+  auto b = PathMonitor::create(options(1, clock), true, nullptr);
   ASSERT_TRUE(a.isOk() && b.isOk());
   ASSERT_TRUE(a.value()->setPeer(1, b.value()->endpoints()).isOk());
   ASSERT_TRUE(b.value()->setPeer(0, a.value()->endpoints()).isOk());
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  for (int i = 0; i < 20; ++i) ASSERT_NO_FATAL_FAILURE(driveRound(*a.value(), b.value().get(), *clock));
   b.value().reset();  // every probe from now on is lost
+  // Up to 6 s of rounds: the probes time out after 2 s (the default), then the loss shows.
   std::vector<PathView> paths;
   for (int i = 0; i < 600; ++i) {
+    ASSERT_NO_FATAL_FAILURE(driveRound(*a.value(), nullptr, *clock));
     paths = a.value()->paths();
     if (paths.size() == 2 && paths[0].state == S::kCongested && paths[1].state == S::kCongested) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ASSERT_EQ(paths.size(), 2u);
   for (const auto& p : paths) {
@@ -101,7 +126,7 @@ TEST(PathMonitorTest, AChannelRateCollapseMovesTrafficOnceAndTheRateItRecoversWi
   // 0 busy at 60 MB/s, then at 12 MB/s. Like a real channel it shows the weight last applied.
   std::mutex mu;
   std::vector<double> weights{1, 1};
-  std::atomic<bool> collapsed{false};
+  bool collapsed = false;
   std::uint64_t sent = 0;
   auto apply = [&](int, const std::vector<double>& w) {
     std::lock_guard<std::mutex> lock(mu);
@@ -119,17 +144,21 @@ TEST(PathMonitorTest, AChannelRateCollapseMovesTrafficOnceAndTheRateItRecoversWi
     }
     return out;
   };
-  auto a = PathMonitor::create(options(0), true, apply, read);
-  auto b = PathMonitor::create(options(1), false, nullptr);
+  auto clock = std::make_shared<ManualClock>();
+  auto a = PathMonitor::create(options(0, clock), true, apply, read);
+  auto b = PathMonitor::create(options(1, clock), false, nullptr);
   ASSERT_TRUE(a.isOk() && b.isOk());
   ASSERT_TRUE(a.value()->setPeer(1, b.value()->endpoints()).isOk());
   ASSERT_TRUE(b.value()->setPeer(0, a.value()->endpoints()).isOk());
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  for (int i = 0; i < 20; ++i) ASSERT_NO_FATAL_FAILURE(driveRound(*a.value(), b.value().get(), *clock));
   ASSERT_TRUE(a.value()->events().empty()) << a.value()->events().front().reason;
-  collapsed = true;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    collapsed = true;
+  }
   std::vector<PathEvent> events;
   for (int i = 0; i < 500 && events.size() < 2; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_NO_FATAL_FAILURE(driveRound(*a.value(), b.value().get(), *clock));
     events = a.value()->events();
     if (events.size() == 1) {
       std::lock_guard<std::mutex> lock(mu);
@@ -141,8 +170,8 @@ TEST(PathMonitorTest, AChannelRateCollapseMovesTrafficOnceAndTheRateItRecoversWi
   EXPECT_EQ(events[0].state, S::kCongested);
   EXPECT_NE(events[0].reason.find("delivery rate 12 MB/s"), std::string::npos) << events[0].reason;
   EXPECT_EQ(events[1].state, S::kClear);
-  // Back at full weight, still at 12 MB/s: the new normal, no flapping.
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // Back at full weight, still at 12 MB/s: the new normal, no flapping (30 more rounds).
+  for (int i = 0; i < 30; ++i) ASSERT_NO_FATAL_FAILURE(driveRound(*a.value(), b.value().get(), *clock));
   EXPECT_EQ(a.value()->events().size(), 2u) << a.value()->events().back().reason;
   std::lock_guard<std::mutex> lock(mu);
   EXPECT_EQ(weights, (std::vector<double>{1, 1}));

@@ -1,26 +1,41 @@
 // Two probers over loopback: each measures the other on every path; strangers (another
-// secret or session) are refused and measure nothing.
+// secret or session) are refused and measure nothing. The first tests run the probers' own
+// threads on the steady clock; the others drive the probers by hand on a ManualClock, so
+// "time passed" is a statement of the test, not a sleep.
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <thread>
+#include <memory>
 
 #include "core/metrics.h"
 #include "routing/prober.h"
+#include "tests/common/manual_clock.h"
+#include "tests/common/poll.h"
+#include "tests/routing/hand_driven.h"
 
 namespace meridian::routing {
 namespace {
 
+using meridian::testing::ManualClock;
+using meridian::testing::pollUntil;
+using std::chrono::milliseconds;
+
+constexpr milliseconds kInterval{10};
+constexpr milliseconds kEchoTimeout{200};
+
+// A prober with its own thread, or driven by hand on `clock` when one is given.
 std::unique_ptr<Prober> makeProber(int rank, std::vector<std::string> addresses, const std::string& secret = "s",
-                                   std::uint64_t session = 7) {
+                                   std::uint64_t session = 7, std::shared_ptr<ManualClock> clock = nullptr) {
   ProberOptions o;
   o.localAddresses = std::move(addresses);
-  o.interval = std::chrono::milliseconds(10);
-  o.echoTimeout = std::chrono::milliseconds(200);
+  o.interval = kInterval;
+  o.echoTimeout = kEchoTimeout;
   o.secret = secret;
   o.sessionId = session;
   o.selfRank = rank;
   o.name = "test";
+  o.clock = clock;
+  o.startThread = clock == nullptr;
   auto p = Prober::create(o);
   EXPECT_TRUE(p.isOk()) << p.status().message();
   return std::move(p).value();
@@ -28,14 +43,16 @@ std::unique_ptr<Prober> makeProber(int rank, std::vector<std::string> addresses,
 
 // Waits until `p` has echoes from every row, up to 5 s.
 std::vector<ProbeRow> waitForEchoes(Prober& p, std::size_t rows, int minEchoes) {
-  for (int i = 0; i < 500; ++i) {
-    auto snap = p.snapshot();
-    bool ok = snap.size() == rows;
-    for (const auto& r : snap) ok = ok && r.figures.received >= static_cast<std::uint64_t>(minEchoes);
-    if (ok) return snap;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return p.snapshot();
+  std::vector<ProbeRow> snap;
+  pollUntil(
+      [&] {
+        snap = p.snapshot();
+        bool ok = snap.size() == rows;
+        for (const auto& r : snap) ok = ok && r.figures.received >= static_cast<std::uint64_t>(minEchoes);
+        return ok;
+      },
+      milliseconds(5000));
+  return snap;
 }
 
 TEST(ProberTest, MeasuresEveryPathToThePeer) {
@@ -74,14 +91,26 @@ TEST(ProberTest, PathsPairByIndexAndExtraPathsAreLeftOut) {
 }
 
 TEST(ProberTest, StrangersAreRefusedAndMeasureNothing) {
-  auto a = makeProber(0, {"127.0.0.1"}, "secret-a");
-  auto intruder = makeProber(1, {"127.0.0.1"}, "secret-b");
-  auto otherSession = makeProber(2, {"127.0.0.1"}, "secret-a", 8);
+  auto clock = std::make_shared<ManualClock>();
+  auto a = makeProber(0, {"127.0.0.1"}, "secret-a", 7, clock);
+  auto intruder = makeProber(1, {"127.0.0.1"}, "secret-b", 7, clock);
+  auto otherSession = makeProber(2, {"127.0.0.1"}, "secret-a", 8, clock);
   ASSERT_TRUE(a->setPeer(1, intruder->endpoints()).isOk());
   ASSERT_TRUE(intruder->setPeer(0, a->endpoints()).isOk());
   ASSERT_TRUE(a->setPeer(2, otherSession->endpoints()).isOk());
   ASSERT_TRUE(otherSession->setPeer(0, a->endpoints()).isOk());
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // Six rounds: each request reaches its target, which reads it and must not answer; an echo
+  // sent anyway would reach `a` by its next read.
+  for (int round = 0; round < 6; ++round) {
+    a->probeRound();
+    intruder->probeRound();
+    otherSession->probeRound();
+    ASSERT_TRUE(drain(*intruder, 1)) << "round " << round;
+    ASSERT_TRUE(drain(*otherSession, 1)) << "round " << round;
+    ASSERT_TRUE(drain(*a, 2)) << "round " << round;
+    clock->advance(kInterval);
+  }
+  a->drainSockets();
   for (const auto& r : a->snapshot()) {
     EXPECT_FALSE(r.figures.valid) << "rank " << r.peer << " answered without the job's secret and session";
     EXPECT_GT(r.figures.sent, 5u);
@@ -92,14 +121,31 @@ TEST(ProberTest, StrangersAreRefusedAndMeasureNothing) {
 }
 
 TEST(ProberTest, LossIsCountedWhenThePeerGoesAway) {
-  auto a = makeProber(0, {"127.0.0.1"});
-  auto b = makeProber(1, {"127.0.0.1"});
+  auto clock = std::make_shared<ManualClock>();
+  auto a = makeProber(0, {"127.0.0.1"}, "s", 7, clock);
+  auto b = makeProber(1, {"127.0.0.1"}, "s", 7, clock);
   ASSERT_TRUE(a->setPeer(1, b->endpoints()).isOk());
   ASSERT_TRUE(b->setPeer(0, a->endpoints()).isOk());
-  ASSERT_TRUE(waitForEchoes(*a, 1, 5)[0].figures.valid);
+  // Five answered rounds, each echo 300 us after its request.
+  for (int round = 0; round < 5; ++round) {
+    a->probeRound();
+    ASSERT_TRUE(drain(*b, 1)) << "b answers";
+    clock->advance(std::chrono::microseconds(300));
+    ASSERT_TRUE(drain(*a, 1)) << "the echo";
+    clock->advance(kInterval - std::chrono::microseconds(300));
+  }
+  auto before = a->snapshot();
+  ASSERT_EQ(before.size(), 1u);
+  ASSERT_TRUE(before[0].figures.valid);
+  EXPECT_DOUBLE_EQ(before[0].figures.minRttUs, 300);
   b.reset();
-  // Probes sent from now on time out (200 ms) and count as lost.
-  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  // 800 ms of rounds without an answer: every probe older than the echo timeout (200 ms)
+  // counts as lost.
+  for (milliseconds t{0}; t < milliseconds(800); t += kInterval) {
+    a->probeRound();
+    clock->advance(kInterval);
+  }
+  a->drainSockets();
   auto rows = a->snapshot();
   ASSERT_EQ(rows.size(), 1u);
   EXPECT_GT(rows[0].figures.loss, 0.2);
