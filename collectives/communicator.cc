@@ -146,12 +146,9 @@ Result<std::unique_ptr<Communicator>> Communicator::create(bootstrap::Store& sto
 
   std::unique_ptr<Communicator> comm(new Communicator(rank, worldSize, opts));
 
-  const std::string routingMode = opts.routing.empty() ? knobString(knobs::kRouting) : opts.routing;
-  if (routingMode != "adaptive" && routingMode != "static") {
-    return invalidArgument("MERIDIAN_ROUTING must be adaptive or static, not '{}'", routingMode);
-  }
+  MERIDIAN_ASSIGN_OR_RETURN(const std::string routingMode, readKnobChoice(knobs::kRouting, opts.routing));
   comm->adaptive_ = routingMode == "adaptive";
-  comm->algo_ = opts.algo.empty() ? knobString(knobs::kAlgo) : opts.algo;
+  MERIDIAN_ASSIGN_OR_RETURN(comm->algo_, readKnobChoice(knobs::kAlgo, opts.algo));
   static constexpr std::array<std::pair<std::string_view, AlgoChoice>, 5> kAlgos{
       {{"auto", AlgoChoice::kAuto},
        {"ring", AlgoChoice::kRing},
@@ -159,18 +156,11 @@ Result<std::unique_ptr<Communicator>> Communicator::create(bootstrap::Store& sto
        {"hierarchical", AlgoChoice::kHierarchical},
        {"direct", AlgoChoice::kDirect}}};
   const auto known = std::find_if(kAlgos.begin(), kAlgos.end(), [&](const auto& a) { return a.first == comm->algo_; });
-  if (known == kAlgos.end()) {
-    return invalidArgument("MERIDIAN_ALGO must be auto, ring, recursive_doubling, hierarchical or direct, not '{}'",
-                           comm->algo_);
-  }
+  if (known == kAlgos.end()) return internalError("MERIDIAN_ALGO={} has no algorithm here", comm->algo_);
   comm->algoChoice_ = known->second;
-  const std::string relay = knobString(knobs::kRelay);
-  if (relay != "auto" && relay != "off") return invalidArgument("MERIDIAN_RELAY must be auto or off, not '{}'", relay);
+  MERIDIAN_ASSIGN_OR_RETURN(const std::string relay, readKnobChoice(knobs::kRelay));
   comm->relay_ = comm->adaptive_ && relay == "auto";
-  const std::string directRead = knobString(knobs::kDirectRead);
-  if (directRead != "auto" && directRead != "off") {
-    return invalidArgument("MERIDIAN_DIRECT_READ must be auto or off, not '{}'", directRead);
-  }
+  MERIDIAN_ASSIGN_OR_RETURN(const std::string directRead, readKnobChoice(knobs::kDirectRead));
   transport::DeviceOptions dev;
   dev.adaptive = comm->adaptive_;
   dev.relaySlot = comm->relay_;

@@ -1,8 +1,10 @@
 // Every MERIDIAN_* environment variable, declared once: (identifier, name, type, default,
 // one sentence). The README's knob table is generated from this list
 // (`meridian-knobs --markdown`, checked by tests/core/knobs_test).
-// X(id, "NAME", type, "default", "doc")
-#define MERIDIAN_KNOBS(X)                                                                          \
+//   X(id, "NAME", Int|String, "default", "doc")
+//   CHOICE(id, "NAME", "default", "allowed|values", "doc"): an enumeration; a value outside
+//   the allowed ones is refused with one message wherever it is read (core/knobs.h).
+#define MERIDIAN_KNOBS(X, CHOICE)                                                                  \
   X(kLog, "MERIDIAN_LOG", String, "warn",                                                          \
     "Log level (trace, debug, info, warn, error, off), optionally followed by `:` and a comma "     \
     "list of subsystems (core, transport, routing, collectives, kernels, trainer, monitoring, lab, " \
@@ -48,23 +50,24 @@
     "This rank's region (e.g. london); empty: inferred by clustering the measured round trips.")  \
   X(kProbeIntervalMs, "MERIDIAN_PROBE_INTERVAL_MS", Int, "100",                                    \
     "Period of the probes sent on every path to every peer, in milliseconds.")                     \
-  X(kRouting, "MERIDIAN_ROUTING", String, "adaptive",                                              \
+  CHOICE(kRouting, "MERIDIAN_ROUTING", "adaptive", "adaptive|static",                              \
     "adaptive: re-plan collectives and path weights from measurements; static: never adapt.")      \
-  X(kNcclDevices, "MERIDIAN_NCCL_DEVICES", String, "virtual",                                      \
+  CHOICE(kNcclDevices, "MERIDIAN_NCCL_DEVICES", "virtual", "virtual|paths",                        \
     "NCCL net plugin: virtual (one device spanning every path, striped inside) or paths (one "     \
     "device per path, for NCCL to choose among).")                                                  \
   X(kNcclLinks, "MERIDIAN_NCCL_LINKS", String, "",                                                 \
     "NCCL net plugin: a `meridian-probe --json` report of the job's links; the plugin's devices "  \
     "then report NCCL the measured one-way latency to the farthest region and, from a report "    \
     "made with --rate-seconds, the measured speed (needs MERIDIAN_REGION).")                      \
-  X(kDirectRead, "MERIDIAN_DIRECT_READ", String, "auto",                                           \
+  CHOICE(kDirectRead, "MERIDIAN_DIRECT_READ", "auto", "auto|off",                                  \
     "auto: ranks on one host (same boot, user, network and PID namespaces) that may read each "    \
     "other's memory move messages above 64 KiB by reading them from the sender (process_vm_readv), " \
     "one copy instead of loopback TCP's two; off: always through the sockets.")                    \
-  X(kRelay, "MERIDIAN_RELAY", String, "auto",                                                      \
+  CHOICE(kRelay, "MERIDIAN_RELAY", "auto", "auto|off",                                             \
     "auto: with adaptive routing, a channel adds a relay path through a third rank while its "     \
     "direct link is worse than two hops; off: never (every rank must agree).")                     \
-  X(kAlgo, "MERIDIAN_ALGO", String, "auto",                                                        \
+  CHOICE(kAlgo, "MERIDIAN_ALGO", "auto",                                                           \
+         "auto|ring|recursive_doubling|hierarchical|direct",                                       \
     "Allreduce algorithm: auto (the direct exchange when at most 8 ranks all share one host, "    \
     "else the planner's choice once links are measured), ring, recursive_doubling, hierarchical "  \
     "(by region) or direct (two rounds of all-to-all exchange).")                                   \

@@ -1,18 +1,29 @@
-// Knob lookup and the generated README table.
+// Knob lookup, validation and the generated README table.
 #include "core/knobs.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <limits>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace meridian {
 
 namespace {
 #define MERIDIAN_KNOB_ENTRY(id, name, type, def, doc) knobs::id,
-constexpr KnobInfo kAllKnobs[] = {MERIDIAN_KNOBS(MERIDIAN_KNOB_ENTRY)};
+#define MERIDIAN_CHOICE_KNOB_ENTRY(id, name, def, choices, doc) knobs::id,
+constexpr KnobInfo kAllKnobs[] = {MERIDIAN_KNOBS(MERIDIAN_KNOB_ENTRY, MERIDIAN_CHOICE_KNOB_ENTRY)};
+#undef MERIDIAN_CHOICE_KNOB_ENTRY
 #undef MERIDIAN_KNOB_ENTRY
+
+template <typename T>
+T valueOrThrow(Result<T> r) {
+  if (!r.isOk()) throw ConfigError(r.status().message());
+  return std::move(r).value();
+}
+
 }  // namespace
 
 std::span<const KnobInfo> allKnobs() { return kAllKnobs; }
@@ -68,12 +79,51 @@ std::int64_t knobInt(const KnobInfo& knob, std::int64_t min, std::int64_t max) {
   return v;
 }
 
+std::vector<std::string> knobChoices(const KnobInfo& knob) {
+  std::vector<std::string> out;
+  const std::string_view all = knob.choices;
+  std::size_t start = 0;
+  while (start < all.size()) {
+    std::size_t bar = all.find('|', start);
+    if (bar == std::string_view::npos) bar = all.size();
+    out.emplace_back(all.substr(start, bar - start));
+    start = bar + 1;
+  }
+  return out;
+}
+
+Result<std::string> readKnobChoice(const KnobInfo& knob, std::string_view given) {
+  std::string value = given.empty() ? knobString(knob) : std::string(given);
+  const std::vector<std::string> choices = knobChoices(knob);
+  if (std::find(choices.begin(), choices.end(), value) == choices.end()) {
+    return invalidArgument("{}='{}': not one of {}", knob.name, value, fmt::join(choices, ", "));
+  }
+  return value;
+}
+
+std::string knobChoice(const KnobInfo& knob, std::string_view given) {
+  return valueOrThrow(readKnobChoice(knob, given));
+}
+
+std::string knobTypeName(const KnobInfo& k) {
+  switch (k.type) {
+    case KnobType::kInt: return "int";
+    case KnobType::kString: return "string";
+    case KnobType::kChoice: {
+      std::string out = "one of";
+      const auto choices = knobChoices(k);
+      for (std::size_t i = 0; i < choices.size(); ++i) out += fmt::format("{} `{}`", i == 0 ? "" : ",", choices[i]);
+      return out;
+    }
+  }
+  return "?";
+}
+
 std::string knobMarkdownTable() {
   std::string out = "| variable | type | default | meaning |\n| --- | --- | --- | --- |\n";
   for (const KnobInfo& k : allKnobs()) {
-    out += fmt::format("| `{}` | {} | {} | {} |\n", k.name, k.type == KnobType::kInt ? "int" : "string",
-                       *k.defaultValue ? fmt::format("`{}`", k.defaultValue) : std::string("(unset)"),
-                       k.doc);
+    out += fmt::format("| `{}` | {} | {} | {} |\n", k.name, knobTypeName(k),
+                       *k.defaultValue ? fmt::format("`{}`", k.defaultValue) : std::string("(unset)"), k.doc);
   }
   return out;
 }

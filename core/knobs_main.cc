@@ -15,8 +15,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   for (const auto& k : meridian::allKnobs()) {
-    std::printf("%-32s %-8s default=%-12s %s\n", k.name, k.type == meridian::KnobType::kInt ? "int" : "string",
-                k.defaultValue, k.doc);
+    std::printf("%-32s %-8s default=%-12s %s\n", k.name, meridian::knobTypeName(k).c_str(), k.defaultValue, k.doc);
   }
   return 0;
 }

@@ -412,17 +412,15 @@ Status Core::init() {
     return invalidArgument("{} paths; a connection handle holds at most {} (set MERIDIAN_PATHS)", paths.size(),
                            ConnectHandle::kMaxPaths);
   }
-  const std::string mode = knobString(knobs::kNcclDevices);
-  if (mode != "virtual" && mode != "paths") {
-    return invalidArgument("MERIDIAN_NCCL_DEVICES must be virtual or paths, not '{}'", mode);
-  }
+  MERIDIAN_ASSIGN_OR_RETURN(const std::string mode, readKnobChoice(knobs::kNcclDevices));
+  MERIDIAN_ASSIGN_OR_RETURN(const std::string routingMode, readKnobChoice(knobs::kRouting));
   std::vector<std::vector<std::string>> groups;
   if (mode == "virtual") {
     groups.push_back(paths);
   } else {
     for (const auto& p : paths) groups.push_back({p});
   }
-  adaptive_ = knobString(knobs::kRouting) != "static";
+  adaptive_ = routingMode == "adaptive";
   for (std::size_t d = 0; d < groups.size(); ++d) {
     Device dev;
     dev.info.name = fmt::format("meridian{}", d);

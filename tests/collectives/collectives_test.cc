@@ -531,7 +531,9 @@ TEST_F(CollectivesTest, RoutingModeIsStaticOrAdaptive) {
   opts.routing = "clever";
   auto bad = RankHarness::start(2, opts);
   ASSERT_FALSE(bad.isOk());
-  EXPECT_NE(bad.status().message().find("MERIDIAN_ROUTING"), std::string::npos) << bad.status().toString();
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << bad.status().toString();
+  EXPECT_NE(bad.status().message().find("MERIDIAN_ROUTING='clever': not one of adaptive, static"), std::string::npos)
+      << bad.status().toString();
   opts.routing = "adaptive";
   opts.algo = "hierarchical";  // but no rank names a region
   auto noRegions = RankHarness::start(2, opts);
@@ -540,7 +542,10 @@ TEST_F(CollectivesTest, RoutingModeIsStaticOrAdaptive) {
   opts.algo = "fastest";
   auto badAlgo = RankHarness::start(2, opts);
   ASSERT_FALSE(badAlgo.isOk());
-  EXPECT_NE(badAlgo.status().message().find("MERIDIAN_ALGO"), std::string::npos) << badAlgo.status().toString();
+  EXPECT_NE(badAlgo.status().message().find("MERIDIAN_ALGO='fastest': not one of auto, ring, recursive_doubling, "
+                                           "hierarchical, direct"),
+            std::string::npos)
+      << badAlgo.status().toString();
 }
 
 TEST_F(CollectivesTest, RecordsLatencyAndBytesPerOp) {

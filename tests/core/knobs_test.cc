@@ -1,10 +1,13 @@
 // Knob parsing, and the README table generated from the declarations.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <set>
 #include <sstream>
+
+#include <fmt/format.h>
 
 #include "core/knobs.h"
 
@@ -47,6 +50,62 @@ TEST(KnobsTest, GarbageIsAConfigErrorNamingTheVariable) {
 TEST(KnobsTest, RangeIsChecked) {
   EnvGuard g("MERIDIAN_TCP_STREAMS", "40");
   EXPECT_THROW(knobInt(knobs::kTcpStreams, 1, 16), ConfigError);
+}
+
+TEST(KnobsTest, ChoiceTakesAnAllowedValueFromTheEnvironment) {
+  EnvGuard g("MERIDIAN_ROUTING", "static");
+  auto v = readKnobChoice(knobs::kRouting);
+  ASSERT_TRUE(v.isOk()) << v.status().toString();
+  EXPECT_EQ(v.value(), "static");
+  EXPECT_EQ(knobChoice(knobs::kRouting), "static");
+}
+
+TEST(KnobsTest, ChoiceFallsBackToItsDefaultWhenUnsetOrEmpty) {
+  ::unsetenv("MERIDIAN_ALGO");
+  EXPECT_EQ(readKnobChoice(knobs::kAlgo).value(), "auto");
+  EnvGuard g("MERIDIAN_ALGO", "");
+  EXPECT_EQ(readKnobChoice(knobs::kAlgo).value(), "auto");
+}
+
+TEST(KnobsTest, ChoiceGivenExplicitlyOverridesTheEnvironmentAndIsCheckedTheSame) {
+  EnvGuard g("MERIDIAN_ROUTING", "static");
+  EXPECT_EQ(readKnobChoice(knobs::kRouting, "adaptive").value(), "adaptive");
+  auto bad = readKnobChoice(knobs::kRouting, "adaptve");
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_EQ(bad.status().message(), "MERIDIAN_ROUTING='adaptve': not one of adaptive, static");
+}
+
+TEST(KnobsTest, BadChoiceIsOneMessageNamingTheKnobTheValueAndTheAllowedOnes) {
+  EnvGuard g("MERIDIAN_ROUTING", "adaptve");
+  auto v = readKnobChoice(knobs::kRouting);
+  ASSERT_FALSE(v.isOk());
+  EXPECT_EQ(v.status().code(), StatusCode::kInvalidArgument);
+  const std::string message = "MERIDIAN_ROUTING='adaptve': not one of adaptive, static";
+  EXPECT_EQ(v.status().message(), message);
+  try {
+    (void)knobChoice(knobs::kRouting);
+    FAIL() << "knobChoice took a bad value";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), message) << "the throwing form says the same";
+  }
+}
+
+TEST(KnobsTest, EveryChoiceKnobAllowsItsDefaultAndListsItsValues) {
+  int choiceKnobs = 0;
+  for (const auto& k : allKnobs()) {
+    const auto choices = knobChoices(k);
+    if (k.type != KnobType::kChoice) {
+      EXPECT_TRUE(choices.empty()) << k.name;
+      continue;
+    }
+    ++choiceKnobs;
+    EXPECT_GE(choices.size(), 2u) << k.name;
+    EXPECT_NE(std::find(choices.begin(), choices.end(), std::string(k.defaultValue)), choices.end())
+        << k.name << "'s default " << k.defaultValue << " is not one of its values";
+    EXPECT_NE(knobMarkdownTable().find(fmt::format("| `{}` | {} |", k.name, knobTypeName(k))), std::string::npos)
+        << k.name << ": the table lists the allowed values";
+  }
+  EXPECT_GE(choiceKnobs, 5) << "routing, algo, relay, direct read and NCCL devices are enumerations";
 }
 
 TEST(KnobsTest, EveryKnobIsNamedOnceAndDocumented) {

@@ -302,6 +302,20 @@ TEST(NcclPluginTest, DevicesReportTheLatencyOfTheLinksFile) {
   EXPECT_NE(out.find("exit=1"), std::string::npos) << out;
 }
 
+// A bad enumeration knob is refused at init with the message the communicator gives
+// (core/knobs.h), never taken for some default.
+TEST(NcclPluginTest, RefusesABadChoiceKnobWithTheCommunicatorsMessage) {
+  const std::string check = fmt::format("{} --properties 2>&1; echo exit=$?", MERIDIAN_CHECK_BIN);
+  std::string out = run("MERIDIAN_ROUTING=adaptve " + check);
+  EXPECT_NE(out.find("MERIDIAN_ROUTING='adaptve': not one of adaptive, static"), std::string::npos) << out;
+  EXPECT_NE(out.find("exit=1"), std::string::npos) << out;
+  out = run("MERIDIAN_NCCL_DEVICES=some " + check);
+  EXPECT_NE(out.find("MERIDIAN_NCCL_DEVICES='some': not one of virtual, paths"), std::string::npos) << out;
+  EXPECT_NE(out.find("exit=1"), std::string::npos) << out;
+  out = run("MERIDIAN_ROUTING=static " + check);
+  EXPECT_NE(out.find("exit=0"), std::string::npos) << out;
+}
+
 TEST(NcclPluginHandleTest, RoundTripsAndRefusesGarbage) {
   ConnectHandle h;
   h.listenId = 0x0123456789abcdefULL;
