@@ -116,23 +116,21 @@ Result<LaunchInfo> readMeridianKnobs() {
   }
   LaunchInfo info;
   info.launcher = kMeridianVars.launcher;
-  try {
-    info.rank = static_cast<int>(knobInt(knobs::kRank, INT_MIN, INT_MAX));
-    info.worldSize = static_cast<int>(knobInt(knobs::kWorldSize, INT_MIN, INT_MAX));
-  } catch (const ConfigError& e) {
-    return invalidArgument("{}", e.what());
-  }
+  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t rank, readKnobInt(knobs::kRank, INT_MIN, INT_MAX));
+  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t worldSize, readKnobInt(knobs::kWorldSize, INT_MIN, INT_MAX));
+  info.rank = static_cast<int>(rank);
+  info.worldSize = static_cast<int>(worldSize);
   if (info.worldSize == 1) {
     info.localRank = 0;
     info.localWorldSize = 1;
   }
-  try {
-    if (knobIsSet(knobs::kLocalRank)) info.localRank = static_cast<int>(knobInt(knobs::kLocalRank, 0, INT_MAX));
-    if (knobIsSet(knobs::kLocalWorldSize)) {
-      info.localWorldSize = static_cast<int>(knobInt(knobs::kLocalWorldSize, 1, INT_MAX));
-    }
-  } catch (const ConfigError& e) {
-    return invalidArgument("{}", e.what());
+  if (knobIsSet(knobs::kLocalRank)) {
+    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t localRank, readKnobInt(knobs::kLocalRank, 0, INT_MAX));
+    info.localRank = static_cast<int>(localRank);
+  }
+  if (knobIsSet(knobs::kLocalWorldSize)) {
+    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t localWorldSize, readKnobInt(knobs::kLocalWorldSize, 1, INT_MAX));
+    info.localWorldSize = static_cast<int>(localWorldSize);
   }
   return info;
 }

@@ -114,11 +114,8 @@ std::uint64_t timeoutMsUntil(TimePoint deadline) {
 }
 
 Result<std::chrono::milliseconds> ioTimeoutFromKnob() {
-  try {
-    return std::chrono::milliseconds(knobInt(knobs::kTimeoutMs, 1, INT32_MAX));
-  } catch (const ConfigError& e) {
-    return invalidArgument("{}", e.what());
-  }
+  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t ms, readKnobInt(knobs::kTimeoutMs, 1, INT32_MAX));
+  return std::chrono::milliseconds(ms);
 }
 
 // Runs one request against the state; the answer carries any error for the client.

@@ -132,13 +132,19 @@ Result<std::unique_ptr<Communicator>> Communicator::create(bootstrap::Store& sto
   if (opts.localAddresses.empty()) opts.localAddresses = splitCommaList(knobString(knobs::kPaths));
   if (opts.localAddresses.empty()) opts.localAddresses = {"127.0.0.1"};
   if (opts.timeout.count() <= 0) {
-    opts.timeout = std::chrono::milliseconds(knobInt(knobs::kTimeoutMs, 1, std::numeric_limits<std::int32_t>::max()));
+    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t ms, readKnobInt(knobs::kTimeoutMs, 1, INT32_MAX));
+    opts.timeout = std::chrono::milliseconds(ms);
   }
   if (opts.smallMessageBytes == 0) {
-    opts.smallMessageBytes = static_cast<std::size_t>(knobInt(knobs::kSmallAllreduceBytes, 0, std::int64_t{1} << 40));
+    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t bytes, readKnobInt(knobs::kSmallAllreduceBytes, 0, std::int64_t{1} << 40));
+    opts.smallMessageBytes = static_cast<std::size_t>(bytes);
   }
   if (opts.ringSegmentBytes == 0) {
-    opts.ringSegmentBytes = static_cast<std::size_t>(knobInt(knobs::kRingSegmentBytes, 1, std::int64_t{1} << 34));
+    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t bytes, readKnobInt(knobs::kRingSegmentBytes, 1, std::int64_t{1} << 34));
+    opts.ringSegmentBytes = static_cast<std::size_t>(bytes);
+  }
+  if (opts.secret.empty()) {
+    MERIDIAN_ASSIGN_OR_RETURN(opts.secret, readJobSecret());
   }
   log::setRank(rank);
   transport::setWaitersShareCores(localRanksOutnumberCores());
@@ -230,13 +236,16 @@ Result<std::unique_ptr<Communicator>> Communicator::createFromEnvironment(const 
   log::setRank(info.rank);
   CommOptions opts = options;
   if (opts.timeout.count() <= 0) {
-    opts.timeout = std::chrono::milliseconds(knobInt(knobs::kTimeoutMs, 1, std::numeric_limits<std::int32_t>::max()));
+    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t ms, readKnobInt(knobs::kTimeoutMs, 1, INT32_MAX));
+    opts.timeout = std::chrono::milliseconds(ms);
   }
   if (opts.localAddresses.empty()) opts.localAddresses = bootstrap::localPathAddresses(info);
   auto owned = std::make_unique<Owned>();
-  const std::string secret = opts.secret.empty() ? loadJobSecret() : opts.secret;
+  if (opts.secret.empty()) {
+    MERIDIAN_ASSIGN_OR_RETURN(opts.secret, readJobSecret());
+  }
   MERIDIAN_ASSIGN_OR_RETURN(owned->store,
-                            bootstrap::rendezvous(info, secret, Clock::now() + opts.timeout, &owned->server));
+                            bootstrap::rendezvous(info, opts.secret, Clock::now() + opts.timeout, &owned->server));
   MERIDIAN_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
                             create(*owned->store, info.rank, info.worldSize, opts));
   comm->owned_ = std::move(owned);
@@ -300,10 +309,12 @@ Status Communicator::startRouting(bootstrap::Store& store, const std::string& ba
   if (opts.probe && size_ > 1) {
     routing::ProberOptions po;
     po.localAddresses = bootstrap::withoutPorts(opts.localAddresses);  // a port there is the data port
-    po.interval = opts.probeInterval.count() > 0
-                      ? opts.probeInterval
-                      : std::chrono::milliseconds(knobInt(knobs::kProbeIntervalMs, 1, 60'000));
-    po.secret = opts.secret.empty() ? loadJobSecret() : opts.secret;
+    po.interval = opts.probeInterval;
+    if (po.interval.count() <= 0) {
+      MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t ms, readKnobInt(knobs::kProbeIntervalMs, 1, 60'000));
+      po.interval = std::chrono::milliseconds(ms);
+    }
+    po.secret = opts.secret;  // resolved in create()
     po.sessionId = sessionId_;
     po.selfRank = rank_;
     po.name = metricsName_;
@@ -351,11 +362,15 @@ Status Communicator::startRouting(bootstrap::Store& store, const std::string& ba
     planSync_ = std::make_unique<PlanSync>(rank_, size_, channels_,
                                            opts.planCheckpointOps > 0 ? opts.planCheckpointOps : 1024);
     RoutingControlOptions rc;
-    rc.linkStateInterval = std::chrono::milliseconds(knobInt(knobs::kLinkStateIntervalMs, 10, 3'600'000));
-    rc.replanInterval = std::chrono::milliseconds(knobInt(knobs::kReplanIntervalMs, 0, 86'400'000));
-    rc.chaosInterval = opts.chaosReplan.count() >= 0
-                           ? opts.chaosReplan
-                           : std::chrono::milliseconds(knobInt(knobs::kChaosReplanMs, 0, 86'400'000));
+    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t rowMs, readKnobInt(knobs::kLinkStateIntervalMs, 10, 3'600'000));
+    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t replanMs, readKnobInt(knobs::kReplanIntervalMs, 0, 86'400'000));
+    rc.linkStateInterval = std::chrono::milliseconds(rowMs);
+    rc.replanInterval = std::chrono::milliseconds(replanMs);
+    rc.chaosInterval = opts.chaosReplan;
+    if (rc.chaosInterval.count() < 0) {
+      MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t chaosMs, readKnobInt(knobs::kChaosReplanMs, 0, 86'400'000));
+      rc.chaosInterval = std::chrono::milliseconds(chaosMs);
+    }
     rc.adaptive = adaptive_;
     rc.regionNames = regionNames_;
     if (relay_) {

@@ -89,7 +89,8 @@ class Communicator {
   using WorkPtr = std::shared_ptr<Work>;
 
   // Connects `worldSize` ranks through `store` (used only during create). Blocks until
-  // every channel is up or the timeout passed. Throws ConfigError on a malformed knob.
+  // every channel is up or the timeout passed. A malformed knob (or option standing for
+  // one) is kInvalidArgument naming it; never throws.
   static Result<std::unique_ptr<Communicator>> create(bootstrap::Store& store, int rank, int worldSize,
                                                       const CommOptions& options = {});
   // Rank, world size and store from the environment (detectLaunch + rendezvous); the

@@ -39,44 +39,47 @@ std::string knobString(const KnobInfo& knob) {
   return knob.defaultValue;
 }
 
-std::int64_t parseByteSize(const std::string& text, const std::string& what) {
-  if (text.empty()) throw ConfigError(fmt::format("{}: empty value, expected an integer", what));
+Result<std::int64_t> readByteSize(const std::string& text, const std::string& what) {
+  if (text.empty()) return invalidArgument("{}: empty value, expected an integer", what);
   errno = 0;
   char* end = nullptr;
   long long v = std::strtoll(text.c_str(), &end, 10);
-  if (end == text.c_str() || errno == ERANGE) {
-    throw ConfigError(fmt::format("{}='{}': not an integer", what, text));
-  }
+  if (end == text.c_str() || errno == ERANGE) return invalidArgument("{}='{}': not an integer", what, text);
   std::int64_t mult = 1;
   if (*end != '\0') {
     switch (*end) {
       case 'k': case 'K': mult = 1LL << 10; break;
       case 'm': case 'M': mult = 1LL << 20; break;
       case 'g': case 'G': mult = 1LL << 30; break;
-      default: throw ConfigError(fmt::format("{}='{}': not an integer", what, text));
+      default: return invalidArgument("{}='{}': not an integer", what, text);
     }
     ++end;
     if (*end == 'i' || *end == 'I') ++end;
     if (*end == 'b' || *end == 'B') ++end;
-    if (*end != '\0') throw ConfigError(fmt::format("{}='{}': not an integer", what, text));
+    if (*end != '\0') return invalidArgument("{}='{}': not an integer", what, text);
   }
   if (v > std::numeric_limits<std::int64_t>::max() / mult ||
       v < std::numeric_limits<std::int64_t>::min() / mult) {
-    throw ConfigError(fmt::format("{}='{}': out of range", what, text));
+    return invalidArgument("{}='{}': out of range", what, text);
   }
   return static_cast<std::int64_t>(v) * mult;
 }
 
-std::int64_t knobInt(const KnobInfo& knob) {
-  return parseByteSize(knobString(knob), knob.name);
+std::int64_t parseByteSize(const std::string& text, const std::string& what) {
+  return valueOrThrow(readByteSize(text, what));
 }
 
-std::int64_t knobInt(const KnobInfo& knob, std::int64_t min, std::int64_t max) {
-  std::int64_t v = knobInt(knob);
-  if (v < min || v > max) {
-    throw ConfigError(fmt::format("{}={} is out of range [{}, {}]", knob.name, v, min, max));
-  }
+Result<std::int64_t> readKnobInt(const KnobInfo& knob, std::int64_t min, std::int64_t max) {
+  const std::string text = knobString(knob);
+  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t v, readByteSize(text, knob.name));
+  if (v < min || v > max) return invalidArgument("{}='{}': not in [{}, {}]", knob.name, text, min, max);
   return v;
+}
+
+std::int64_t knobInt(const KnobInfo& knob) { return valueOrThrow(readKnobInt(knob)); }
+
+std::int64_t knobInt(const KnobInfo& knob, std::int64_t min, std::int64_t max) {
+  return valueOrThrow(readKnobInt(knob, min, max));
 }
 
 std::vector<std::string> knobChoices(const KnobInfo& knob) {

@@ -1,7 +1,9 @@
 // Typed access to the MERIDIAN_* knobs declared in core/knob_list.h. A malformed value
 // is a configuration error naming the variable, the value and what it may be, never a
-// silent default. Knobs are read once, where a component is configured, never on the data
-// path.
+// silent default. Each reader comes in two forms: a Result form (read*) for code that
+// returns Status, which never throws, and a throwing form (knob*) for set-up entry points
+// that document they throw ConfigError. Both give the same message for the same value.
+// Knobs are read once, where a component is configured, never on the data path.
 #pragma once
 
 #include <cstdint>
@@ -56,13 +58,18 @@ bool knobIsSet(const KnobInfo& knob);
 std::vector<std::string> splitCommaList(const std::string& text);
 std::string joinCommaList(const std::vector<std::string>& items);
 
-// Parses an integer knob (accepts k/m/g suffixes in powers of 1024); throws ConfigError
-// with the variable name when it is not an integer.
+// ---- Integers (k/m/g suffixes in powers of 1024) ----------------------------------------
+
+// kInvalidArgument naming the variable when it is not an integer or not in [min, max].
+Result<std::int64_t> readKnobInt(const KnobInfo& knob, std::int64_t min = INT64_MIN,
+                                 std::int64_t max = INT64_MAX);
+// The same; throws ConfigError with the same message.
 std::int64_t knobInt(const KnobInfo& knob);
-// Same, and throws ConfigError unless min <= value <= max.
 std::int64_t knobInt(const KnobInfo& knob, std::int64_t min, std::int64_t max);
 
-// Parses "123", "4k", "16M", "1g" (powers of 1024). Throws ConfigError naming `what`.
+// Parses "123", "4k", "16M", "1g" (powers of 1024); kInvalidArgument naming `what`.
+Result<std::int64_t> readByteSize(const std::string& text, const std::string& what);
+// The same; throws ConfigError (command-line parsing).
 std::int64_t parseByteSize(const std::string& text, const std::string& what);
 
 // ---- Choices (enumerations) ------------------------------------------------------------

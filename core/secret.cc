@@ -16,17 +16,17 @@
 
 namespace meridian {
 
-std::string loadJobSecret() {
+Result<std::string> readJobSecret() {
   if (knobIsSet(knobs::kSecret)) return knobString(knobs::kSecret);
   if (knobIsSet(knobs::kSecretFile)) {
     std::string path = knobString(knobs::kSecretFile);
     std::ifstream in(path, std::ios::binary);
-    if (!in) throw ConfigError("MERIDIAN_SECRET_FILE: cannot read '" + path + "'");
+    if (!in) return invalidArgument("MERIDIAN_SECRET_FILE='{}': cannot read it", path);
     std::stringstream ss;
     ss << in.rdbuf();
     std::string s = ss.str();
     while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
-    if (s.empty()) throw ConfigError("MERIDIAN_SECRET_FILE: '" + path + "' is empty");
+    if (s.empty()) return invalidArgument("MERIDIAN_SECRET_FILE='{}': the file is empty", path);
     return s;
   }
   static std::once_flag warned;
@@ -36,7 +36,13 @@ std::string loadJobSecret() {
               "are authenticated with a well-known development secret. Anyone who can reach this "
               "job's ports can join it. Set MERIDIAN_SECRET for any real run.");
   });
-  return "meridian-insecure-development-secret";
+  return std::string("meridian-insecure-development-secret");
+}
+
+std::string loadJobSecret() {
+  Result<std::string> secret = readJobSecret();
+  if (!secret.isOk()) throw ConfigError(secret.status().message());
+  return std::move(secret).value();
 }
 
 Hmac256 hmacSha256(std::span<const std::uint8_t> key, std::span<const std::uint8_t> data) {

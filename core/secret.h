@@ -6,13 +6,17 @@
 #include <span>
 #include <string>
 
+#include "core/status.h"
+
 namespace meridian {
 
 using Hmac256 = std::array<std::uint8_t, 32>;
 
 // The job secret: MERIDIAN_SECRET, else the contents of MERIDIAN_SECRET_FILE (trailing
-// newline removed), else a fixed development secret with a loud warning (once). Throws
-// ConfigError when the file cannot be read or is empty.
+// newline removed), else a fixed development secret with a loud warning (once).
+// kInvalidArgument when the file cannot be read or is empty.
+Result<std::string> readJobSecret();
+// The same; throws ConfigError with the same message (set-up entry points).
 std::string loadJobSecret();
 
 Hmac256 hmacSha256(std::span<const std::uint8_t> key, std::span<const std::uint8_t> data);

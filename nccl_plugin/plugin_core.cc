@@ -414,6 +414,8 @@ Status Core::init() {
   }
   MERIDIAN_ASSIGN_OR_RETURN(const std::string mode, readKnobChoice(knobs::kNcclDevices));
   MERIDIAN_ASSIGN_OR_RETURN(const std::string routingMode, readKnobChoice(knobs::kRouting));
+  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t timeoutMs, readKnobInt(knobs::kTimeoutMs, 1, INT_MAX));
+  connectTimeout_ = std::chrono::milliseconds(timeoutMs);
   std::vector<std::vector<std::string>> groups;
   if (mode == "virtual") {
     groups.push_back(paths);
@@ -482,7 +484,7 @@ Result<SendComm*> Core::connect(int dev, std::span<std::uint8_t, ConnectHandle::
     spec.peerRank = 0;  // the listener
     spec.initiate = true;
     spec.peer = h.endpoint;
-    const auto deadline = Clock::now() + std::chrono::milliseconds(knobInt(knobs::kTimeoutMs, 1, INT_MAX));
+    const auto deadline = Clock::now() + connectTimeout_;
     transport::Device* device = devices_[static_cast<std::size_t>(dev)].transport.get();
     p->result = std::async(std::launch::async, [device, spec, deadline] { return device->openChannel(spec, deadline); });
     const std::uint64_t id = nextPending_++;

@@ -20,6 +20,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <future>
@@ -163,6 +164,7 @@ class Core {
   void stopMonitor();
 
   bool adaptive_ = true;
+  std::chrono::milliseconds connectTimeout_{0};  // MERIDIAN_TIMEOUT_MS, read at init
   std::thread monitor_;
   std::mutex monitorMu_;
   std::condition_variable monitorCv_;

@@ -3,6 +3,7 @@
 // out of place, sync and async, each checked against a serial reference. Most runs use a
 // 4 KiB ring segment so the multi-segment pipelining runs on small data.
 #include <atomic>
+#include <cstdlib>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -546,6 +547,28 @@ TEST_F(CollectivesTest, RoutingModeIsStaticOrAdaptive) {
                                            "hierarchical, direct"),
             std::string::npos)
       << badAlgo.status().toString();
+}
+
+// Communicator::create reads its knobs without throwing: a malformed one comes back as the
+// knob's kInvalidArgument, whether create() reads it first thing or while starting routing.
+TEST_F(CollectivesTest, ABadKnobComesBackAsAStatusFromCreate) {
+  struct Case {
+    const char* name;
+    const char* value;
+    const char* message;
+  };
+  for (const Case& k : {Case{"MERIDIAN_RING_SEGMENT_BYTES", "lots", "MERIDIAN_RING_SEGMENT_BYTES='lots': not an integer"},
+                        Case{"MERIDIAN_LINK_STATE_INTERVAL_MS", "1",
+                             "MERIDIAN_LINK_STATE_INTERVAL_MS='1': not in [10, 3600000]"},
+                        Case{"MERIDIAN_RELAY", "sometimes", "MERIDIAN_RELAY='sometimes': not one of auto, off"}}) {
+    ::setenv(k.name, k.value, 1);
+    Result<std::unique_ptr<RankHarness>> h = internalError("not run");
+    EXPECT_NO_THROW(h = RankHarness::start(2)) << k.name;
+    ::unsetenv(k.name);
+    ASSERT_FALSE(h.isOk()) << k.name;
+    EXPECT_EQ(h.status().code(), StatusCode::kInvalidArgument) << h.status().toString();
+    EXPECT_NE(h.status().message().find(k.message), std::string::npos) << h.status().toString();
+  }
 }
 
 TEST_F(CollectivesTest, RecordsLatencyAndBytesPerOp) {

@@ -52,6 +52,37 @@ TEST(KnobsTest, RangeIsChecked) {
   EXPECT_THROW(knobInt(knobs::kTcpStreams, 1, 16), ConfigError);
 }
 
+TEST(KnobsTest, ResultFormsReturnTheThrowingFormsMessageAsAStatus) {
+  {
+    EnvGuard g("MERIDIAN_TCP_STREAMS", "lots");
+    Result<std::int64_t> v = internalError("not read");
+    EXPECT_NO_THROW(v = readKnobInt(knobs::kTcpStreams, 1, 16));
+    ASSERT_FALSE(v.isOk());
+    EXPECT_EQ(v.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(v.status().message(), "MERIDIAN_TCP_STREAMS='lots': not an integer");
+  }
+  {
+    EnvGuard g("MERIDIAN_TCP_STREAMS", "40");
+    auto v = readKnobInt(knobs::kTcpStreams, 1, 16);
+    ASSERT_FALSE(v.isOk());
+    EXPECT_EQ(v.status().message(), "MERIDIAN_TCP_STREAMS='40': not in [1, 16]");
+    try {
+      (void)knobInt(knobs::kTcpStreams, 1, 16);
+      FAIL() << "knobInt took 40";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(std::string(e.what()), v.status().message());
+    }
+  }
+  {
+    EnvGuard g("MERIDIAN_TCP_STREAMS", "4");
+    EXPECT_EQ(readKnobInt(knobs::kTcpStreams, 1, 16).value(), 4);
+  }
+  ::unsetenv("MERIDIAN_TCP_STREAMS");
+  EXPECT_EQ(readKnobInt(knobs::kTcpStreams).value(), 2) << "the default";
+  EXPECT_EQ(readByteSize("16M", "x").value(), 16 << 20);
+  EXPECT_EQ(readByteSize("12q", "--size").status().message(), "--size='12q': not an integer");
+}
+
 TEST(KnobsTest, ChoiceTakesAnAllowedValueFromTheEnvironment) {
   EnvGuard g("MERIDIAN_ROUTING", "static");
   auto v = readKnobChoice(knobs::kRouting);

@@ -50,10 +50,15 @@ TEST_F(SecretTest, EnvironmentThenFileThenDevelopmentDefault) {
 TEST_F(SecretTest, MissingOrEmptySecretFileIsAConfigError) {
   ::setenv("MERIDIAN_SECRET_FILE", "/nonexistent/secret", 1);
   EXPECT_THROW(loadJobSecret(), ConfigError);
+  auto missing = readJobSecret();
+  ASSERT_FALSE(missing.isOk());
+  EXPECT_EQ(missing.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(missing.status().message(), "MERIDIAN_SECRET_FILE='/nonexistent/secret': cannot read it");
   std::string path = ::testing::TempDir() + "/meridian-empty-secret";
   std::ofstream(path) << "\n";
   ::setenv("MERIDIAN_SECRET_FILE", path.c_str(), 1);
   EXPECT_THROW(loadJobSecret(), ConfigError);
+  EXPECT_EQ(readJobSecret().status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace
