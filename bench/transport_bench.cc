@@ -7,6 +7,9 @@
 //                           each its own process, as two ranks (and as meridian-nccl-check
 //                           --bench runs the NCCL plugin, so the two compare like for like);
 //                           --poll makes the caller spin on test() as NCCL's proxy thread does.
+//   --recovery              how fast a path routing avoided carries its share again once its
+//                           weight is back to neutral (issue 24): see recovery() below.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -135,13 +138,107 @@ bool run(const Flow& f, Buffers& bufs) {
   return true;
 }
 
+// Two devices in this process, connected by a channel each way (tx: a to b).
+struct LocalPair {
+  std::unique_ptr<tcp::TcpDevice> a, b;
+  ChannelPtr tx, rx;
+};
+
+LocalPair openLocalPair(DeviceOptions o, TimePoint deadline) {
+  LocalPair p;
+  o.name = "tx";
+  p.a = must(tcp::TcpDevice::create(o), "device");
+  o.name = "rx";
+  p.b = must(tcp::TcpDevice::create(o), "device");
+  Result<ChannelPtr> r = internalError("not run");
+  std::thread t([&] { r = p.b->openChannel({kSession, 1, 0, false, p.a->endpoint()}, deadline); });
+  auto s = p.a->openChannel({kSession, 0, 1, true, p.b->endpoint()}, deadline);
+  t.join();
+  p.tx = must(std::move(s), "connect");
+  p.rx = must(std::move(r), "accept");
+  return p;
+}
+
+// Path 1's share of the bytes the paths of `ch` sent since `before`.
+double lastPathShare(const ChannelPtr& ch, const std::vector<PathStats>& before) {
+  auto after = ch->pathStats();
+  double total = 0;
+  for (std::size_t i = 0; i < after.size(); ++i) total += static_cast<double>(after[i].bytesSent - before[i].bytesSent);
+  return total > 0 ? static_cast<double>(after.back().bytesSent - before.back().bytesSent) / total : 0;
+}
+
+// --recovery: per round, on fresh devices with two loopback paths, one message at neutral
+// weights, two with path 1 at `avoidedWeight` (routing gives a congested path 0.1), then
+// neutral weights again and `messages` more. Prints path 1's share of each message after the
+// restore and the first message from which it carried at least `fairShare` twice in a row,
+// with the time and bytes from the restore to that message's end; then the medians.
+int recovery(const tcp::DeviceOptions& o, const Flow& f, int rounds, int messages, double fairShare,
+             double avoidedWeight) {
+  std::vector<double> msgsToFair, secsToFair, meanShares;
+  int never = 0;
+  for (int round = 1; round <= rounds; ++round) {
+    LocalPair pair = openLocalPair(o, Clock::now() + std::chrono::seconds(30));
+    Flow one = f;
+    one.tx = pair.tx.get();
+    one.rx = pair.rx.get();
+    one.inflight = one.iters = 1;
+    Buffers bufs = makeBuffers(one);
+    auto send = [&] {
+      auto before = pair.tx->pathStats();
+      if (!run(one, bufs)) throw std::runtime_error("a transfer failed");
+      return lastPathShare(pair.tx, before);
+    };
+    const double neutral[] = {1.0, 1.0}, avoided[] = {1.0, avoidedWeight};
+    const double warm = send();
+    pair.tx->setPathWeights(avoided);
+    const double low = (send() + send()) / 2;
+    pair.tx->setPathWeights(neutral);
+    const auto restored = std::chrono::steady_clock::now();
+    std::vector<double> shares, secs;
+    for (int m = 0; m < messages; ++m) {
+      shares.push_back(send());
+      secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - restored).count());
+    }
+    int fair = -1;  // index of the first of two messages in a row at a fair share
+    for (std::size_t m = 0; m + 1 < shares.size() && fair < 0; ++m) {
+      if (shares[m] >= fairShare && shares[m + 1] >= fairShare) fair = static_cast<int>(m);
+    }
+    std::printf("round %d: path 1 share %.3f warm, %.3f avoided; after the restore:", round, warm, low);
+    for (double x : shares) std::printf(" %.3f", x);
+    double mean = 0;
+    for (double x : shares) mean += x / messages;
+    meanShares.push_back(mean);
+    if (fair >= 0) {
+      const auto k = static_cast<std::size_t>(fair);
+      msgsToFair.push_back(fair + 1);
+      secsToFair.push_back(secs[k]);
+      std::printf("; fair from message %d (%.3f s, %.0f MiB after the restore)\n", fair + 1, secs[k],
+                  static_cast<double>(f.size) * (fair + 1) / (1 << 20));
+    } else {
+      ++never;
+      std::printf("; not fair within %d messages (%.3f s)\n", messages, secs.back());
+    }
+  }
+  auto median = [](std::vector<double> v) {
+    if (v.empty()) return -1.0;
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  };
+  std::printf("summary: fair (>= %.2f twice in a row) in %d of %d rounds; median %.1f messages, %.3f s; "
+              "median of path 1's mean share after the restore %.3f\n",
+              fairShare, rounds - never, rounds, median(msgsToFair), median(secsToFair), median(meanShares));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Multipath channel goodput over loopback"};
   int paths = 1, streams = 2, inflight = 4, iters = 64;
   std::string sizeText = "4M", chunkText = "512k", handleFile;
-  bool listen = false, connect = false, poll = false;
+  bool listen = false, connect = false, poll = false, recover = false;
+  int rounds = 5, messages = 10;
+  double fairShare = 0.4, avoidedWeight = 0.1;
   app.add_option("--paths", paths, "Loopback paths (127.0.0.1, .2, ...)")->check(CLI::Range(1, 16));
   app.add_option("--streams", streams, "TCP streams per path")->check(CLI::Range(1, 64));
   app.add_option("--size", sizeText, "Message size");
@@ -152,7 +249,18 @@ int main(int argc, char** argv) {
   app.add_flag("--connect", connect, "Two processes: send from here (reads --handle-file)")->excludes(l);
   app.add_option("--handle-file", handleFile, "Where the listener writes its addresses for the connector");
   app.add_flag("--poll", poll, "Spin on test() instead of waiting (as NCCL's proxy thread does)");
+  app.add_flag("--recovery", recover, "Time a de-weighted path's return to its share (two paths)")->excludes(l);
+  app.add_option("--rounds", rounds, "--recovery: rounds, each on fresh devices")->check(CLI::Range(1, 1000));
+  app.add_option("--messages", messages, "--recovery: messages sent after the restore")->check(CLI::Range(2, 100000));
+  app.add_option("--fair-share", fairShare, "--recovery: path 1's share of a message that counts as fair")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--avoided-weight", avoidedWeight, "--recovery: path 1's weight while avoided")
+      ->check(CLI::Range(0.001, 1.0));
   CLI11_PARSE(app, argc, argv);
+  if (recover && (connect || paths != 2)) {
+    std::fprintf(stderr, "meridian-transport-bench: --recovery runs in one process over --paths 2\n");
+    return 2;
+  }
   if ((listen || connect) && handleFile.empty()) {
     std::fprintf(stderr, "meridian-transport-bench: --listen and --connect need --handle-file\n");
     return 2;
@@ -169,6 +277,12 @@ int main(int argc, char** argv) {
     o.tcp.streamsPerPath = streams;
     o.chunkBytes = static_cast<std::size_t>(parseByteSize(chunkText, "--chunk"));
     o.secret = "transport-bench";
+    if (recover) {
+      std::printf("# meridian-transport-bench --recovery --paths 2 --streams %d --size %s --chunk %s --rounds %d "
+                  "--messages %d --fair-share %.2f --avoided-weight %g\n",
+                  streams, sizeText.c_str(), chunkText.c_str(), rounds, messages, fairShare, avoidedWeight);
+      return recovery(o, flow, rounds, messages, fairShare, avoidedWeight);
+    }
     auto deadline = Clock::now() + std::chrono::seconds(30);
     std::unique_ptr<tcp::TcpDevice> a, b;
     ChannelPtr tx, rx;
@@ -203,16 +317,11 @@ int main(int argc, char** argv) {
       tx = must(a->openChannel({kSession, kSenderRank, 0, true, must(tcp::encodeEndpoint(peer), "endpoint")}, deadline),
                 "connect");
     } else {
-      o.name = "tx";
-      a = must(tcp::TcpDevice::create(o), "device");
-      o.name = "rx";
-      b = must(tcp::TcpDevice::create(o), "device");
-      Result<ChannelPtr> r = internalError("not run");
-      std::thread t([&] { r = b->openChannel({kSession, 1, 0, false, a->endpoint()}, deadline); });
-      auto s = a->openChannel({kSession, 0, 1, true, b->endpoint()}, deadline);
-      t.join();
-      tx = must(std::move(s), "connect");
-      rx = must(std::move(r), "accept");
+      LocalPair pair = openLocalPair(o, deadline);
+      a = std::move(pair.a);
+      b = std::move(pair.b);
+      tx = std::move(pair.tx);
+      rx = std::move(pair.rx);
     }
     flow.tx = tx.get();
     flow.rx = rx.get();
