@@ -227,6 +227,19 @@ TEST(MemoryChannelTest, RoutingWeightsShiftChunksBetweenEqualPaths) {
   EXPECT_GT(share0, 0.35) << "path 0 carried " << last[0] << " of " << last[0] + last[1] << " chunks";
 }
 
+TEST(MemoryChannelTest, APathWhoseRateRecoversWinsItsShareBack) {
+  Pair p = connect(2);
+  p.net->setStepUs(1000);
+  ASSERT_TRUE(p.net->setFaults(kSession, 0, 1, 0, PathFaults{.bytesPerStep = 32 * 1024}).isOk());
+  ASSERT_TRUE(p.net->setFaults(kSession, 0, 1, 1, PathFaults{.bytesPerStep = 2 * 1024}).isOk());  // congested
+  auto last = sendMessages(p, 6, 1 << 20, 14);
+  EXPECT_GE(last[0], 4 * last[1]);
+  ASSERT_TRUE(p.net->setFaults(kSession, 0, 1, 1, PathFaults{.bytesPerStep = 32 * 1024}).isOk());  // clear again
+  last = sendMessages(p, 10, 1 << 20, 15);
+  const double share1 = static_cast<double>(last[1]) / static_cast<double>(last[0] + last[1]);
+  EXPECT_GT(share1, 0.3) << "the recovered path carried " << last[1] << " of " << last[0] + last[1] << " chunks";
+}
+
 TEST(MemoryChannelTest, LosingEveryPathFailsOutstandingRequestsWithAPeerError) {
   Pair p = connect(2);
   std::vector<std::uint8_t> buf(kChunk);

@@ -63,8 +63,19 @@ void RateEstimator::onAcked(std::uint64_t bytes, const RateStamp& stamp, std::in
     onProbeAck(stamp, interval, inFlight);
     return;
   }
-  if (interval < minIntervalUs_ || inFlight < kMinSampleBytes) return;  // too little to measure a rate on
   if (stamp.delivered < settledFrom_) return;  // sent during a probe: measures its smaller share
+  if (interval < minIntervalUs_ || inFlight < kMinSampleBytes) {
+    // Too little to measure a rate on, but enough to prove a floor: the path delivered
+    // `inFlight` bytes within the interval (a shorter one counts as the shortest). An estimate
+    // under that floor is stale, made while the path was slower: it is raised to the floor,
+    // and the larger share that buys is then measured properly. Never lowered this way.
+    if (samples_ > 0) {
+      const double floor =
+          static_cast<double>(inFlight) * 1e6 / static_cast<double>(std::max(interval, minIntervalUs_));
+      rate_ = std::max(rate_, floor);
+    }
+    return;
+  }
   double sample = std::max(kMinRateBytesPerSec, static_cast<double>(inFlight) * 1e6 / static_cast<double>(interval));
   rate_ = samples_ == 0 ? sample : 0.75 * rate_ + 0.25 * sample;
   ++samples_;

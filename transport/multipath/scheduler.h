@@ -56,7 +56,9 @@ struct RateStamp {
 // means that acknowledgements arriving in a bunch (queued behind data going the other way on
 // the same stream, or behind a slow reader) cannot inflate the rate, and a flight that starts
 // after an idle period starts its intervals afresh, so idle time does not deflate it.
-// Samples are smoothed with an EWMA. Times in microseconds.
+// Samples are smoothed with an EWMA. A flight too small to sample still proves a floor (its
+// bytes over its interval): an estimate below it is raised to it, so a path that was slow
+// and is kept short for it wins its share back once it is fast again. Times in microseconds.
 //
 // A sample cannot show more than the path was given: bytes in flight over a round trip. Where
 // the round trip is not set by the path's own capacity (loopback, a receiver's progress thread
