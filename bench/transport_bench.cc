@@ -172,7 +172,7 @@ double lastPathShare(const ChannelPtr& ch, const std::vector<PathStats>& before)
 // neutral weights again and `messages` more. Prints path 1's share of each message after the
 // restore and the first message from which it carried at least `fairShare` twice in a row,
 // with the time and bytes from the restore to that message's end; then the medians.
-int recovery(const tcp::DeviceOptions& o, const Flow& f, int rounds, int messages, double fairShare,
+int recovery(const DeviceOptions& o, const Flow& f, int rounds, int messages, double fairShare,
              double avoidedWeight) {
   std::vector<double> msgsToFair, secsToFair, meanShares;
   int never = 0;

@@ -1,10 +1,43 @@
 // Device creation by kind (device.h).
 #include "transport/device.h"
 
+#include "core/knob_list.h"
+#include "core/knobs.h"
+#include "core/secret.h"
+#include "transport/frame.h"
 #include "transport/memory/memory_device.h"
 #include "transport/tcp/tcp_device.h"
 
 namespace meridian::transport {
+
+Status resolveKnobs(DeviceOptions& o) {
+  if (o.chunkBytes == 0) {
+    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t v, readKnobInt(knobs::kChunkBytes, 4096, kMaxChunkBytes));
+    o.chunkBytes = static_cast<std::size_t>(v);
+  }
+  if (o.pathStallMs <= 0) {
+    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t v, readKnobInt(knobs::kPathStallMs, 1, 3'600'000));
+    o.pathStallMs = static_cast<int>(v);
+  }
+  if (o.secret.empty()) {
+    MERIDIAN_ASSIGN_OR_RETURN(o.secret, readJobSecret());
+  }
+  if (o.kind == DeviceKind::kTcp) {
+    if (o.tcp.streamsPerPath <= 0) {
+      MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t v, readKnobInt(knobs::kTcpStreams, 1, 16));
+      o.tcp.streamsPerPath = static_cast<int>(v);
+    }
+    if (o.tcp.socketBufferBytes <= 0) {
+      MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t v, readKnobInt(knobs::kTcpSockBufBytes, 0, 1 << 30));
+      o.tcp.socketBufferBytes = static_cast<int>(v);
+    }
+    if (o.tcp.notsentLowatBytes < 0) {
+      MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t v, readKnobInt(knobs::kTcpNotsentLowatBytes, 0, 1 << 30));
+      o.tcp.notsentLowatBytes = static_cast<int>(v);
+    }
+  }
+  return Status::ok();
+}
 
 std::string_view deviceKindName(DeviceKind kind) {
   switch (kind) {

@@ -74,6 +74,11 @@ struct DeviceOptions {
   } tcp;
 };
 
+// Fills every field of `options` left at "from the knob" (0, empty, -1) from its MERIDIAN_*
+// knob, the backend's own included; kInvalidArgument naming the knob when one is malformed.
+// Every backend's create calls it: knobs are read once, here.
+Status resolveKnobs(DeviceOptions& options);
+
 // The set-up exchange of a group, provided by the caller (a communicator's store).
 class GroupExchange {
  public:

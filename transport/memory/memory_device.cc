@@ -181,6 +181,8 @@ Status Network::setFaults(std::uint64_t sessionId, int rankA, int rankB, std::si
 }
 
 Result<std::unique_ptr<MemoryDevice>> Network::createDevice(DeviceOptions options) {
+  options.kind = DeviceKind::kMemory;
+  MERIDIAN_RETURN_IF_ERROR(resolveKnobs(options));
   if (options.localAddresses.empty() || options.localAddresses.size() > kMaxPaths) {
     return invalidArgument("a memory device has 1 to {} paths, not {}", kMaxPaths, options.localAddresses.size());
   }

@@ -49,24 +49,11 @@ TcpDevice::~TcpDevice() {
 
 Result<std::unique_ptr<TcpDevice>> TcpDevice::create(DeviceOptions options) {
   auto impl = std::make_unique<Impl>();
-  try {
-    if (options.tcp.streamsPerPath <= 0) options.tcp.streamsPerPath = static_cast<int>(knobInt(knobs::kTcpStreams, 1, 16));
-    if (options.tcp.socketBufferBytes <= 0) {
-      options.tcp.socketBufferBytes = static_cast<int>(knobInt(knobs::kTcpSockBufBytes, 0, 1 << 30));
-    }
-    if (options.tcp.notsentLowatBytes < 0) {
-      options.tcp.notsentLowatBytes = static_cast<int>(knobInt(knobs::kTcpNotsentLowatBytes, 0, 1 << 30));
-    }
-    if (options.chunkBytes == 0) {
-      options.chunkBytes = static_cast<std::size_t>(knobInt(knobs::kChunkBytes, 4096, kMaxChunkBytes));
-    }
-    if (options.pathStallMs <= 0) options.pathStallMs = static_cast<int>(knobInt(knobs::kPathStallMs, 1, 3'600'000));
-    impl->maxUnexpectedBytes = static_cast<std::uint64_t>(knobInt(knobs::kMaxUnexpectedBytes, 0, INT64_MAX));
-    impl->unclaimedTimeout = std::chrono::milliseconds(knobInt(knobs::kTimeoutMs, 1, INT64_MAX));
-    if (options.secret.empty()) options.secret = loadJobSecret();
-  } catch (const ConfigError& e) {
-    return invalidArgument("{}", e.what());
-  }
+  MERIDIAN_RETURN_IF_ERROR(resolveKnobs(options));
+  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t maxUnexpected, readKnobInt(knobs::kMaxUnexpectedBytes, 0, INT64_MAX));
+  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t timeoutMs, readKnobInt(knobs::kTimeoutMs, 1, INT64_MAX));
+  impl->maxUnexpectedBytes = static_cast<std::uint64_t>(maxUnexpected);
+  impl->unclaimedTimeout = std::chrono::milliseconds(timeoutMs);
   if (options.tcp.streamsPerPath > 16) return invalidArgument("at most 16 streams per path, not {}", options.tcp.streamsPerPath);
   if (options.chunkBytes > kMaxChunkBytes) return invalidArgument("chunk size {} over {}", options.chunkBytes, kMaxChunkBytes);
   if (options.localAddresses.empty()) return invalidArgument("a TCP device needs at least one local address");
