@@ -372,7 +372,9 @@ int main(int argc, char** argv) {
       lo.ranks = a.ranks;
       lo.argv = relaunchArgv(argc, argv, {"--ranks", "-N"});
       lo.extraEnv.push_back({"MERIDIAN_BENCH_COMMAND", cmd});
-      return launchLocalRanks(lo);
+      const Result<int> worst = launchLocalRanks(lo);
+      if (!worst.isOk()) std::fprintf(stderr, "meridian-bench: %s\n", worst.status().toString().c_str());
+      return worst.isOk() ? worst.value() : 1;
     }
     if (const char* c = std::getenv("MERIDIAN_BENCH_COMMAND")) cmd = c;
     return bench::runRank(a, cmd);

@@ -18,11 +18,11 @@
 #include <cstring>
 #include <map>
 #include <memory>
-#include <stdexcept>
 #include <thread>
 
 #include <fmt/format.h>
 
+#include "core/check.h"
 #include "core/fd.h"
 #include "core/knobs.h"
 #include "core/log.h"
@@ -33,7 +33,7 @@ extern char** environ;
 
 namespace meridian {
 
-int pickFreeLoopbackPort() {
+Result<int> pickFreeLoopbackPort() {
   UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -41,9 +41,9 @@ int pickFreeLoopbackPort() {
   socklen_t len = sizeof(a);
   if (!fd.valid() || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
       ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    throw std::runtime_error(fmt::format("cannot find a free loopback port: {}", std::strerror(errno)));
+    return internalError("cannot find a free loopback port: {}", std::strerror(errno));
   }
-  return ntohs(a.sin_port);
+  return static_cast<int>(ntohs(a.sin_port));
 }
 
 namespace {
@@ -87,22 +87,27 @@ std::vector<int> allowedCpus() {
 }
 
 std::vector<int> rankCpus(const std::vector<int>& allowed, int rank, int ranks) {
-  if (allowed.empty() || ranks < 1 || rank < 0 || rank >= ranks) throw std::invalid_argument("rankCpus: bad arguments");
+  MERIDIAN_CHECK_MSG(!allowed.empty() && ranks >= 1 && rank >= 0 && rank < ranks,
+                     "rankCpus: rank {} of {} over {} CPUs", rank, ranks, allowed.size());
   const auto c = static_cast<std::int64_t>(allowed.size());
   const std::int64_t lo = rank * c / ranks;
   const std::int64_t hi = std::max(lo + 1, (rank + 1) * c / ranks);
   return {allowed.begin() + lo, allowed.begin() + hi};
 }
 
-int launchLocalRanks(const LocalLaunchOptions& options) {
-  if (options.ranks < 1) throw std::invalid_argument("--ranks must be at least 1");
-  if (options.argv.empty()) throw std::invalid_argument("nothing to launch");
+Result<int> launchLocalRanks(const LocalLaunchOptions& options) {
+  if (options.ranks < 1) return invalidArgument("--ranks must be at least 1 (not {})", options.ranks);
+  if (options.argv.empty()) return invalidArgument("nothing to launch");
   const bool prefixed = !options.outputPrefixes.empty();
   if (prefixed && options.outputPrefixes.size() != static_cast<std::size_t>(options.ranks)) {
-    throw std::invalid_argument("one output prefix per rank");
+    return invalidArgument("{} output prefixes for {} ranks (want one per rank)", options.outputPrefixes.size(),
+                           options.ranks);
   }
-  const std::string store =
-      options.store.empty() ? fmt::format("127.0.0.1:{}", pickFreeLoopbackPort()) : options.store;
+  std::string store = options.store;
+  if (store.empty()) {
+    MERIDIAN_ASSIGN_OR_RETURN(const int port, pickFreeLoopbackPort());
+    store = fmt::format("127.0.0.1:{}", port);
+  }
   // Ranks launched here are all ours: without a job secret, give them a fresh random one.
   std::string secret;
   if (!knobIsSet(knobs::kSecret) && !knobIsSet(knobs::kSecretFile)) {
@@ -126,19 +131,39 @@ int launchLocalRanks(const LocalLaunchOptions& options) {
       scrapeTargets = std::make_unique<ScrapeTargetsFile>(fmt::format("local-{}", ::getpid()), targets);
     }
   }
-  const std::vector<int> cpus = options.bindCpus ? allowedCpus() : std::vector<int>{};
+  // Every rank's CPUs, worked out before any fork (the child only applies them).
+  std::vector<std::vector<int>> bindings;
+  if (options.bindCpus) {
+    const std::vector<int> cpus = allowedCpus();
+    for (int r = 0; r < options.ranks; ++r) bindings.push_back(rankCpus(cpus, r, options.ranks));
+  }
   const pid_t launcher = ::getpid();
   std::map<pid_t, int> children;  // pid -> rank
   std::vector<pollfd> outputs;     // read ends of the ranks' output pipes
   std::vector<std::string> partials;
   std::vector<int> outputRank;
+  // A rank that cannot be started: the ones already running are stopped and reaped, and the
+  // launch fails with `why`.
+  auto abandon = [&](Status why) -> Status {
+    for (const auto& [p, rank] : children) (void)::kill(p, SIGTERM);  // ESRCH: it has exited already
+    for (const auto& [p, rank] : children) (void)::waitpid(p, nullptr, 0);
+    for (const auto& o : outputs) (void)::close(o.fd);  // read ends: nothing to flush
+    return why;
+  };
   for (int r = 0; r < options.ranks; ++r) {
     std::vector<std::pair<std::string, std::string>> env;
     if (options.rankEnv) env = options.rankEnv(r);
     int out[2] = {-1, -1};
-    if (prefixed && ::pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error(fmt::format("pipe: {}", std::strerror(errno)));
+    if (prefixed && ::pipe2(out, O_CLOEXEC) != 0) return abandon(internalError("pipe: {}", std::strerror(errno)));
     pid_t pid = ::fork();
-    if (pid < 0) throw std::runtime_error(fmt::format("fork: {}", std::strerror(errno)));
+    if (pid < 0) {
+      const int err = errno;
+      if (prefixed) {
+        (void)::close(out[0]);  // never used
+        (void)::close(out[1]);
+      }
+      return abandon(internalError("fork of rank {}: {}", r, std::strerror(err)));
+    }
     if (pid == 0) {
       // A rank never outlives its launcher: killed (by anything, even SIGKILL), it takes the
       // ranks with it. Checked once more in case it died before the request was in place.
@@ -151,7 +176,7 @@ int launchLocalRanks(const LocalLaunchOptions& options) {
       if (options.bindCpus) {
         cpu_set_t set;
         CPU_ZERO(&set);
-        for (const int c : rankCpus(cpus, r, options.ranks)) CPU_SET(c, &set);
+        for (const int c : bindings[static_cast<std::size_t>(r)]) CPU_SET(c, &set);
         if (::sched_setaffinity(0, sizeof(set), &set) != 0)
           std::fprintf(stderr, "meridian: rank %d: cannot bind to its CPUs (%s); running unbound\n", r,
                        std::strerror(errno));
@@ -249,13 +274,10 @@ int launchLocalRanks(const LocalLaunchOptions& options) {
 int hostCores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
 bool localRanksOutnumberCores() {
+  // A malformed MERIDIAN_LOCAL_WORLD_SIZE counts as "no": the launch detection reports it.
   static const bool value = [] {
-    try {
-      const std::int64_t local = knobInt(knobs::kLocalWorldSize);
-      return local > hostCores();
-    } catch (const ConfigError&) {
-      return false;
-    }
+    const Result<std::int64_t> local = readKnobInt(knobs::kLocalWorldSize);
+    return local.isOk() && local.value() > hostCores();
   }();
   return value;
 }

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "core/status.h"
+
 namespace meridian {
 
 struct LocalLaunchOptions {
@@ -40,6 +42,7 @@ struct LocalLaunchOptions {
 std::vector<int> allowedCpus();
 // Rank r's share of `allowed` (C CPUs) among R ranks: the block [rC/R, (r+1)C/R) when R <= C,
 // else the one CPU at floor(rC/R), so that neighbouring ranks share a CPU in groups of R/C.
+// Needs 0 <= r < R and C >= 1 (CheckError otherwise: a caller's bug).
 std::vector<int> rankCpus(const std::vector<int>& allowed, int rank, int ranks);
 
 // The host's online cores (at least 1): the cores its local ranks share, whatever mask
@@ -50,14 +53,16 @@ int hostCores();
 // waiting thread should yield rather than spin. Read once.
 bool localRanksOutnumberCores();
 
-// Returns the worst exit status (0 when every rank succeeded; 128+signal for a signal).
-int launchLocalRanks(const LocalLaunchOptions& options);
+// Returns the worst exit status (0 when every rank succeeded; 128+signal for a signal), or
+// an error when the options are wrong (kInvalidArgument) or a rank could not be started
+// (kInternal; the ranks already started are stopped first). Never throws.
+Result<int> launchLocalRanks(const LocalLaunchOptions& options);
 
 // The command line to start this program again as each rank: /proc/self/exe and argv[1..],
 // without the options in `drop` (each taking a value, as "--opt v" or "--opt=v").
 std::vector<std::string> relaunchArgv(int argc, char** argv, const std::vector<std::string>& drop);
 
 // A loopback TCP port that was free a moment ago (bound to 0, then released).
-int pickFreeLoopbackPort();
+Result<int> pickFreeLoopbackPort();
 
 }  // namespace meridian

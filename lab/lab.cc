@@ -449,7 +449,7 @@ Status execInNode(const LabState& lab, const std::string& node, const std::vecto
   return invalidArgument("cannot run '{}' in {}: {}", argv[0], node, std::strerror(errno));
 }
 
-int execAll(const LabState& lab, const std::vector<std::string>& argv) {
+Result<int> execAll(const LabState& lab, const std::vector<std::string>& argv) {
   const Topology& t = lab.topology;
   LocalLaunchOptions o;
   o.ranks = static_cast<int>(t.nodes.size());

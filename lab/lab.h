@@ -69,8 +69,9 @@ Status execInNode(const LabState& lab, const std::string& node, const std::vecto
 
 // `exec-all -- CMD...`: one process per node (as ranks of one job: MERIDIAN_RANK,
 // MERIDIAN_WORLD_SIZE, MERIDIAN_STORE on the first node's first-plane address), output
-// lines prefixed with the node name; returns the worst exit code.
-int execAll(const LabState& lab, const std::vector<std::string>& argv);
+// lines prefixed with the node name; returns the worst exit code, or why the job could
+// not start.
+Result<int> execAll(const LabState& lab, const std::vector<std::string>& argv);
 
 // `set` and `restore`: changes links live through the emulator.
 Result<nlohmann::json> setLink(const LabState& lab, const std::string& plane, const std::string& src,

@@ -163,7 +163,8 @@ int main(int argc, char** argv) {
     return fail(execInNode(lab.value(), node, command));
   }
   if (*execAllCmd) {
-    return execAll(lab.value(), command);
+    const Result<int> worst = execAll(lab.value(), command);
+    return worst.isOk() ? worst.value() : fail(worst.status());
   }
   if (*set || *cut) {
     Result<LinkChange> change = LinkChange{};

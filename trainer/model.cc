@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <new>
 #include <random>
 #include <stdexcept>
 #include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include "core/check.h"
 
 namespace meridian::trainer {
 namespace {
@@ -183,6 +186,19 @@ Model::Model(kernels::Backend& backend, ModelConfig config, int maxBatch, std::u
   backend_.copyToDevice(params_, host.data(), paramCount_ * sizeof(float));
 }
 
+Result<std::unique_ptr<Model>> Model::create(kernels::Backend& backend, ModelConfig config, int maxBatch,
+                                             std::uint64_t seed) {
+  MERIDIAN_RETURN_IF_ERROR(validateModel(config));
+  if (maxBatch < 1) return invalidArgument("Model: need a batch of at least one row (not {})", maxBatch);
+  const std::string shape = formatModel(config);
+  try {
+    return std::make_unique<Model>(backend, std::move(config), maxBatch, seed);
+  } catch (const std::bad_alloc&) {
+    return invalidArgument("Model: no memory for model {} with batches of {} rows on the {} backend", shape, maxBatch,
+                           backend.device() == kernels::Device::kCpu ? "cpu" : "cuda");
+  }
+}
+
 Model::~Model() {
   for (float* p : pre_) backend_.free(p);
   for (float* p : post_) backend_.free(p);
@@ -217,8 +233,7 @@ void Model::convForward(int l, const float* x, int rows) {
 }
 
 void Model::forwardLayers(int rows) {
-  if (rows < 1 || rows > maxBatch_)
-    throw std::invalid_argument(fmt::format("Model: batch of {} rows (max {})", rows, maxBatch_));
+  MERIDIAN_CHECK_MSG(rows >= 1 && rows <= maxBatch_, "Model: batch of {} rows (max {})", rows, maxBatch_);
   const int n = layers();
   const float* x = input_;
   for (int l = 0; l < n; ++l) {

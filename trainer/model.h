@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -48,8 +49,13 @@ class Model {
  public:
   // Allocates parameters, gradients and activations for batches of up to maxBatch rows,
   // and initialises the weights from `seed` (Glorot-uniform, biases zero; the same on every
-  // backend and every rank). Throws std::invalid_argument for a config validateModel refuses.
+  // backend and every rank). Throws std::invalid_argument for a config validateModel refuses
+  // or a batch under one row (a set-up entry point; code that returns Status calls create).
   Model(kernels::Backend& backend, ModelConfig config, int maxBatch, std::uint64_t seed);
+  // The same without throwing: kInvalidArgument for what the constructor refuses, and for
+  // a model the backend has no memory for.
+  static Result<std::unique_ptr<Model>> create(kernels::Backend& backend, ModelConfig config, int maxBatch,
+                                               std::uint64_t seed);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -74,8 +80,9 @@ class Model {
   float* input() { return input_; }
   std::int32_t* labels() { return labels_; }
 
-  // Forward over the first `rows` inputs; the loss of the batch (mean cross-entropy is
-  // lossSum / rows) and correct predictions.
+  // Forward over the first `rows` inputs (1..maxBatch(); CheckError otherwise, a caller's
+  // bug); the loss of the batch (mean cross-entropy is lossSum / rows) and correct
+  // predictions.
   kernels::LossStats forward(int rows);
   // Forward then backward of the mean loss over `rows` rows, scaled by gradScale (1 for the
   // plain mean). onLayerDone(l) is called as soon as layer l's gradients are written (l

@@ -4,10 +4,12 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
-#include <stdexcept>
+#include <exception>
+#include <new>
 
 #include <fmt/format.h>
 
+#include "core/check.h"
 #include "core/log.h"
 #include "kernels/reduce.h"
 
@@ -25,6 +27,16 @@ class MeridianPending final : public SyncComm::Pending {
 
  private:
   Communicator::WorkPtr work_;
+};
+
+// A bucket whose allreduce could not start.
+class FailedPending final : public SyncComm::Pending {
+ public:
+  explicit FailedPending(Status why) : why_(std::move(why)) {}
+  Status wait() override { return why_; }
+
+ private:
+  Status why_;
 };
 }  // namespace
 
@@ -87,9 +99,19 @@ std::vector<Bucket> planBuckets(const Model& model, std::size_t bucketBytes) {
 
 // ---- GradientSync ---------------------------------------------------------------------
 
+Result<std::unique_ptr<GradientSync>> GradientSync::create(kernels::Backend& backend, SyncComm* comm, Model& model,
+                                                           std::size_t bucketBytes, Wire wire) {
+  if (wire == Wire::kInt8) return invalidArgument("gradient sync: int8 is a DiLoCo wire format (use f32 or bf16)");
+  try {
+    return std::make_unique<GradientSync>(backend, comm, model, bucketBytes, wire);
+  } catch (const std::bad_alloc&) {
+    return invalidArgument("gradient sync: no memory for the staging buffers of {} parameters", model.paramCount());
+  }
+}
+
 GradientSync::GradientSync(kernels::Backend& backend, SyncComm* comm, Model& model, std::size_t bucketBytes, Wire wire)
     : backend_(backend), comm_(comm), model_(model), wire_(wire), buckets_(planBuckets(model, bucketBytes)) {
-  if (wire_ == Wire::kInt8) throw std::invalid_argument("gradient sync: int8 is a DiLoCo wire format (use f32 or bf16)");
+  MERIDIAN_CHECK_MSG(wire_ != Wire::kInt8, "gradient sync: wire {} (want f32 or bf16)", toString(wire_));
   works_.resize(buckets_.size());
   if (comm_ == nullptr) return;
   const std::size_t n = model_.paramCount();
@@ -173,15 +195,19 @@ void GradientSync::launcherLoop() {
     const Staged s = staged_.front();
     staged_.pop_front();
     lock.unlock();
-    backend_.waitStaged(s.ticket);
     const Bucket& bucket = buckets_[s.bucket];
     const std::size_t count = bucket.end - bucket.begin;
     std::unique_ptr<SyncComm::Pending> work;
-    if (wire_ == Wire::kBF16) {
-      work = comm_->allreduceAsync(static_cast<std::uint16_t*>(host_) + bucket.begin, count, DataType::kBF16,
-                                   ReduceOp::kAvg);
-    } else {
-      work = comm_->allreduceAsync(static_cast<float*>(host_) + bucket.begin, count, DataType::kF32, ReduceOp::kAvg);
+    try {  // nothing leaves this thread: the bucket fails instead, and finish() says why
+      backend_.waitStaged(s.ticket);
+      if (wire_ == Wire::kBF16) {
+        work = comm_->allreduceAsync(static_cast<std::uint16_t*>(host_) + bucket.begin, count, DataType::kBF16,
+                                     ReduceOp::kAvg);
+      } else {
+        work = comm_->allreduceAsync(static_cast<float*>(host_) + bucket.begin, count, DataType::kF32, ReduceOp::kAvg);
+      }
+    } catch (const std::exception& e) {
+      work = std::make_unique<FailedPending>(internalError("gradient bucket {}: {}", s.bucket, e.what()));
     }
     lock.lock();
     works_[s.bucket] = std::move(work);

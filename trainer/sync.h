@@ -97,8 +97,12 @@ std::vector<Bucket> planBuckets(const Model& model, std::size_t bucketBytes);
 
 class GradientSync {
  public:
-  // `comm` may be null (one rank: finish() leaves the gradients as they are).
+  // `comm` may be null (one rank: finish() leaves the gradients as they are). `wire` is f32
+  // or bf16 (CheckError otherwise: create() is the checked way in).
   GradientSync(kernels::Backend& backend, SyncComm* comm, Model& model, std::size_t bucketBytes, Wire wire);
+  // The same, with kInvalidArgument for a wire format gradients cannot take (int8).
+  static Result<std::unique_ptr<GradientSync>> create(kernels::Backend& backend, SyncComm* comm, Model& model,
+                                                      std::size_t bucketBytes, Wire wire);
   ~GradientSync();
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
@@ -121,6 +125,8 @@ class GradientSync {
     std::uint64_t ticket;
   };
   void launch(std::size_t bucket);
+  // The launcher thread (GPU): nothing leaves it; a bucket it cannot start fails with the
+  // error, which finish() returns.
   void launcherLoop();
   bool hostResident() const { return backend_.device() == kernels::Device::kCpu; }
 
@@ -133,7 +139,6 @@ class GradientSync {
   void* host_ = nullptr;  // staging: the gradients in wire format (null: in place)
   void* deviceWire_ = nullptr;  // GPU bf16: the cast gradients before staging
   std::vector<std::unique_ptr<SyncComm::Pending>> works_;  // [bucket]
-  Status launchError_;
 
   // GPU: staged copies waiting for their allreduce (launcher thread).
   std::mutex mu_;

@@ -254,7 +254,9 @@ int trainCli(int argc, char** argv, SyncComm* external, const RankHook& onJoined
           return std::vector<std::pair<std::string, std::string>>{{"MERIDIAN_REGION", names[static_cast<std::size_t>(rank)]}};
         };
       }
-      return launchLocalRanks(lo);
+      const Result<int> worst = launchLocalRanks(lo);
+      if (!worst.isOk()) return fail(worst.status());
+      return worst.value();
     }
     return runRank(cfg, a, external, onJoined);
   } catch (const std::exception& e) {

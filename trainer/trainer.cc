@@ -244,9 +244,10 @@ Status Run::setUpSync() {
   const std::size_t bucketBytes = static_cast<std::size_t>(cfg_.bucketMb * 1024 * 1024);
   switch (cfg_.sync) {
     case SyncMode::kNone: return Status();
-    case SyncMode::kDdp:
-      gradSync_ = std::make_unique<GradientSync>(backend_, sync_, *model_, bucketBytes, cfg_.wire);
+    case SyncMode::kDdp: {
+      MERIDIAN_ASSIGN_OR_RETURN(gradSync_, GradientSync::create(backend_, sync_, *model_, bucketBytes, cfg_.wire));
       return Status();
+    }
     case SyncMode::kDiloco:
       outerSync_ = std::make_unique<OuterSync>(backend_, sync_, *model_, cfg_.outer, cfg_.wire);
       return Status();
@@ -256,7 +257,7 @@ Status Run::setUpSync() {
   if (ctx_.external != nullptr) return invalidArgument("--sync hybrid runs on Meridian communicators only");
   if (world == nullptr || regionOf_.empty()) {
     if (world != nullptr) return invalidArgument("--sync hybrid needs regions: set MERIDIAN_REGION on every rank");
-    gradSync_ = std::make_unique<GradientSync>(backend_, nullptr, *model_, bucketBytes, cfg_.wire);
+    MERIDIAN_ASSIGN_OR_RETURN(gradSync_, GradientSync::create(backend_, nullptr, *model_, bucketBytes, cfg_.wire));
     outerSync_ = std::make_unique<OuterSync>(backend_, nullptr, *model_, cfg_.outer, Wire::kF32);
     return Status();
   }
@@ -296,8 +297,8 @@ Status Run::setUpSync() {
   }
   regionSync_ = std::make_unique<MeridianSyncComm>(*regionComm_);
   crossSync_ = std::make_unique<MeridianSyncComm>(*crossComm_);
-  gradSync_ = std::make_unique<GradientSync>(backend_, regionComm_->size() > 1 ? regionSync_.get() : nullptr,
-                                             *model_, bucketBytes, cfg_.wire);
+  MERIDIAN_ASSIGN_OR_RETURN(gradSync_, GradientSync::create(backend_, regionComm_->size() > 1 ? regionSync_.get() : nullptr,
+                                                             *model_, bucketBytes, cfg_.wire));
   outerSync_ = std::make_unique<OuterSync>(backend_, crossComm_->size() > 1 ? crossSync_.get() : nullptr, *model_,
                                            cfg_.outer, cfg_.wire);
   log(fmt::format("hybrid: {} regions of {} ranks; gradients averaged in the region every step, models across "
@@ -458,7 +459,7 @@ Result<TrainSummary> Run::go() {
   const std::int64_t totalSteps = cfg_.maxSteps > 0 ? cfg_.maxSteps : stepsPerEpoch * cfg_.epochs;
 
   const int b = localBatch();
-  model_ = std::make_unique<Model>(backend_, cfg_.model, std::max(b, 500), cfg_.seed);
+  MERIDIAN_ASSIGN_OR_RETURN(model_, Model::create(backend_, cfg_.model, std::max(b, 500), cfg_.seed));
   const auto hostRows = static_cast<std::size_t>(std::max(model_->maxBatch(), cfg_.globalBatch));
   hostInput_.resize(hostRows * train_.features());
   hostLabels_.resize(hostRows);

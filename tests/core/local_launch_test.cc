@@ -1,6 +1,8 @@
 // The local launcher's CPU binding: the share each rank gets, and that a launched rank runs
-// on exactly that share.
+// on exactly that share; errors come back as a Status.
 #include "core/local_launch.h"
+
+#include "core/check.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -8,7 +10,6 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -39,8 +40,38 @@ TEST(RankCpus, BlocksWhenCpusSufficeSharedCpusWhenTheyDoNot) {
       for (const int c : rankCpus(eight, r, ranks)) covered.insert(c);
     EXPECT_EQ(covered, (std::multiset<int>(eight.begin(), eight.end()))) << ranks << " ranks";
   }
-  EXPECT_THROW(rankCpus(eight, 2, 2), std::invalid_argument);
-  EXPECT_THROW(rankCpus({}, 0, 1), std::invalid_argument);
+  EXPECT_THROW(rankCpus(eight, 2, 2), CheckError);
+  EXPECT_THROW(rankCpus({}, 0, 1), CheckError);
+}
+
+// The launcher returns what stops it instead of throwing.
+TEST(LaunchLocalRanks, BadOptionsComeBackAsInvalidArgumentWithoutStartingAnything) {
+  LocalLaunchOptions o;
+  o.ranks = 0;
+  o.argv = {"/bin/true"};
+  Result<int> r = internalError("not run");
+  EXPECT_NO_THROW(r = launchLocalRanks(o));
+  ASSERT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(), "--ranks must be at least 1 (not 0)");
+  o.ranks = 2;
+  o.argv.clear();
+  EXPECT_EQ(launchLocalRanks(o).status().code(), StatusCode::kInvalidArgument);
+  o.argv = {"/bin/true"};
+  o.outputPrefixes = {"[a] "};
+  EXPECT_EQ(launchLocalRanks(o).status().message(), "1 output prefixes for 2 ranks (want one per rank)");
+}
+
+TEST(LaunchLocalRanks, ReturnsTheWorstExitStatus) {
+  LocalLaunchOptions o;
+  o.ranks = 2;
+  o.argv = {"/bin/sh", "-c", "exit $((MERIDIAN_RANK * 3))"};
+  const Result<int> worst = launchLocalRanks(o);
+  ASSERT_TRUE(worst.isOk()) << worst.status().toString();
+  EXPECT_EQ(worst.value(), 3);
+  const Result<int> port = pickFreeLoopbackPort();
+  ASSERT_TRUE(port.isOk()) << port.status().toString();
+  EXPECT_GT(port.value(), 0);
 }
 
 TEST(AllowedCpus, AreThisProcessesAscending) {
@@ -81,7 +112,9 @@ TEST_P(LaunchBindTest, EveryRankRunsOnItsShareOrUnbound) {
   o.argv = {"/bin/sh", "-c",
             "sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status > \"$0/rank$MERIDIAN_RANK\"",
             dir.string()};
-  ASSERT_EQ(launchLocalRanks(o), 0);
+  const Result<int> worst = launchLocalRanks(o);
+  ASSERT_TRUE(worst.isOk()) << worst.status().toString();
+  ASSERT_EQ(worst.value(), 0);
   for (int r = 0; r < ranks; ++r) {
     std::ifstream in(dir / ("rank" + std::to_string(r)));
     std::string line;

@@ -236,6 +236,38 @@ TEST(GradientSyncTest, HandsEachBucketToTheOptimizerOnceAveragedInBucketOrder) {
   EXPECT_EQ(seen[0], std::make_pair(std::size_t{0}, model.paramCount()));
 }
 
+// Set-up code that returns a Status builds the model and the gradient sync through create():
+// what the constructors refuse comes back as kInvalidArgument, never as an exception.
+TEST(Model, CreateRefusesABadConfigOrBatchWithAStatus) {
+  auto backend = kernels::makeCpuBackend(1);
+  ModelConfig cfg;
+  cfg.widths = {784};  // no layer at all
+  Result<std::unique_ptr<Model>> m = internalError("not run");
+  EXPECT_NO_THROW(m = Model::create(*backend, cfg, 4, 1));
+  ASSERT_FALSE(m.isOk());
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  cfg.widths = {16, 8, 4};
+  EXPECT_NO_THROW(m = Model::create(*backend, cfg, 0, 1));
+  ASSERT_FALSE(m.isOk());
+  EXPECT_EQ(m.status().message(), "Model: need a batch of at least one row (not 0)");
+  m = Model::create(*backend, cfg, 2, 1);
+  ASSERT_TRUE(m.isOk()) << m.status().toString();
+  EXPECT_EQ(m.value()->paramCount(), std::size_t{16 * 8 + 8 + 8 * 4 + 4});
+}
+
+TEST(GradientSyncTest, CreateRefusesInt8WithAStatus) {
+  auto backend = kernels::makeCpuBackend(1);
+  ModelConfig cfg;
+  cfg.widths = {16, 8, 4};
+  Model model(*backend, cfg, 1, 1);
+  Result<std::unique_ptr<GradientSync>> s = internalError("not run");
+  EXPECT_NO_THROW(s = GradientSync::create(*backend, nullptr, model, 4096, Wire::kInt8));
+  ASSERT_FALSE(s.isOk());
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("int8"), std::string::npos) << s.status().toString();
+  EXPECT_TRUE(GradientSync::create(*backend, nullptr, model, 4096, Wire::kBF16).isOk());
+}
+
 TEST(Int8Wire, RoundTripWithinHalfAStepPerBlock) {
   std::mt19937 rng(9);
   std::normal_distribution<float> normal(0.0f, 1.0f);
