@@ -52,8 +52,20 @@ void PlanSync::adopt(std::uint64_t epoch, std::shared_ptr<const routing::PlanTab
   epochGauge().set(static_cast<double>(epoch));
 }
 
+void PlanSync::fail(Status why) {
+  if (why.isOk()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failed_.load(std::memory_order_relaxed)) return;
+  failure_ = std::move(why);
+  failed_.store(true, std::memory_order_release);
+}
+
 Result<std::shared_ptr<const routing::PlanTable>> PlanSync::atCollective(std::uint64_t seq, TimePoint deadline,
                                                                          double meanOpSec) {
+  if (failed_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return failure_;
+  }
   if (size_ > 1 && seq >= nextCheckpoint_) {
     MERIDIAN_RETURN_IF_ERROR(rank_ == 0 ? announce(seq, meanOpSec) : receive(seq, deadline));
     firstCheckpoint_ = false;

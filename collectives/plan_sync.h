@@ -17,9 +17,10 @@
 // fails the collective with a peer error, like any protocol violation.
 //
 // Threads: atCollective runs on the thread executing ops (strictly in sequence order);
-// propose and inForce may be called from any thread.
+// propose, inForce and fail may be called from any thread.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -70,6 +71,9 @@ class PlanSync {
   Result<std::shared_ptr<const routing::PlanTable>> atCollective(std::uint64_t seq, TimePoint deadline,
                                                                  double meanOpSec);
   PlanInForce inForce() const;
+  // Routing failed for good (its thread stopped on `why`): every later atCollective
+  // returns `why`, which breaks the communicator. Any thread; the first failure stays.
+  void fail(Status why);
 
  private:
   void adopt(std::uint64_t epoch, std::shared_ptr<const routing::PlanTable> table, std::string reason,
@@ -101,7 +105,9 @@ class PlanSync {
   std::vector<std::uint8_t> inbox_;
   transport::RequestPtr pending_;
 
+  std::atomic<bool> failed_{false};  // set once failure_ holds the error
   mutable std::mutex mu_;
+  Status failure_;
   PlanInForce inForce_;
   std::uint64_t proposedEpoch_ = 0;
   std::shared_ptr<const routing::PlanTable> proposed_;

@@ -91,6 +91,32 @@ void RoutingControl::postRowReceive(int peer) {
 
 void RoutingControl::loop() {
   pthread_setname_np(pthread_self(), "mer-route");
+  // The thread's firewall: a broken invariant below (a MERIDIAN_CHECK in the planner, say)
+  // stops routing and breaks the communicator, not the process.
+  try {
+    runLoop();
+  } catch (const std::exception& e) {
+    fail(internalError("routing control (rank {}) stopped: {}", rank_, e.what()));
+  } catch (...) {
+    fail(internalError("routing control (rank {}) stopped: an unknown exception", rank_));
+  }
+}
+
+void RoutingControl::fail(const Status& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failure_ = why;
+  }
+  // Logged once, where it is handled: by the communicator that the next collective breaks.
+  if (sync_ != nullptr) sync_->fail(why);
+}
+
+Status RoutingControl::health() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failure_;
+}
+
+void RoutingControl::runLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     lock.unlock();
@@ -349,7 +375,7 @@ void RoutingControl::replan(TimePoint now) {
   routing::RegionAssignment regions;
   const routing::NetworkView view = currentView(&regions);
   if (!routing::validate(view).isOk()) return;
-  routing::PlanTable next = routing::planAll(view);
+  routing::PlanTable next = options_.planner ? options_.planner(view) : routing::planAll(view);
   const std::shared_ptr<const routing::PlanTable> current = sync_->latestProposal();
   std::string reason;
   const char* kind = "initial";

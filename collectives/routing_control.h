@@ -16,6 +16,9 @@
 // A peer whose control messages fail is left out from then on (its channel is broken; the
 // collectives report that). stop() joins the thread; the object, which owns the buffers of
 // posted receives, must outlive the transport device.
+// Nothing thrown on the thread ends the process: the loop catches at its top, records the
+// error (health()), stops routing, and fails PlanSync, so the communicator's next collective
+// reports it and breaks the communicator (docs/errors.md).
 #pragma once
 
 #include <atomic>
@@ -58,6 +61,9 @@ struct RoutingControlOptions {
   // `peer` through `via` on plane `plane`, and closes it again.
   std::function<Status(int peer, int via, int plane)> openRelay;
   std::function<Status(int peer)> closeRelay;
+  // Rank 0's planner: the plan table for a network view (empty: routing::planAll). Tests
+  // inject one that fails.
+  std::function<routing::PlanTable(const routing::NetworkView&)> planner;
 };
 
 class RoutingControl {
@@ -78,9 +84,14 @@ class RoutingControl {
   routing::RegionAssignment regions() const;
   // Rank 0: proposes a random plan table from `seed` (invalidArgument on other ranks).
   Status forceReplan(std::uint64_t seed);
+  // ok while the control loop runs; the error that stopped it otherwise.
+  Status health() const;
 
  private:
   void loop();
+  void runLoop();
+  // Records why the loop ended and fails the plan sync with it (the thread's last act).
+  void fail(const Status& why);
   void tick(TimePoint now);
   routing::LinkRow ownRow() const;
   routing::NetworkView currentView(routing::RegionAssignment* regions) const;
@@ -119,6 +130,7 @@ class RoutingControl {
   routing::LinkStateTable table_;
   std::condition_variable cv_;
   bool stopping_ = false;
+  Status failure_;  // why the loop ended early; guarded by mu_
   std::thread thread_;
 };
 
