@@ -46,8 +46,12 @@ configure_and_build() {
   jobs=$(nproc)
   if [ ! -f "$MERIDIAN_BUILD/build.ninja" ]; then
     say "configuring $MERIDIAN_BUILD"
+    # ccache, where the machine has it, keeps rebuilds of a fresh clone cheap.
+    local launcher=()
+    command -v ccache >/dev/null 2>&1 &&
+      launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
     cmake -S "$MERIDIAN_ROOT" -B "$MERIDIAN_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      -DCMAKE_CUDA_ARCHITECTURES=90 -DMERIDIAN_WERROR=ON >/dev/null
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DMERIDIAN_WERROR=ON "${launcher[@]}" >/dev/null
   fi
   say "building${*:+ $*}"
   if [ $# -gt 0 ]; then

@@ -24,9 +24,9 @@ struct Link {
 
 Link connectRanks() {
   Link l;
-  transport::tcp::DeviceOptions o;
+  transport::DeviceOptions o;
   o.localAddresses = {"127.0.0.1"};
-  o.streamsPerPath = 1;
+  o.tcp.streamsPerPath = 1;
   o.secret = "routing-control-test";
   o.name = "rc0";
   auto a = transport::tcp::TcpDevice::create(o);
@@ -37,8 +37,8 @@ Link connectRanks() {
   l.a = std::move(a).value();
   l.b = std::move(b).value();
   const TimePoint deadline = Clock::now() + kTimeout;
-  transport::tcp::ChannelSpec specA{0x7e57, 0, 1, true, l.b->listenAddresses()};
-  transport::tcp::ChannelSpec specB{0x7e57, 1, 0, false, l.a->listenAddresses()};
+  transport::ChannelSpec specA{0x7e57, 0, 1, true, l.b->endpoint()};
+  transport::ChannelSpec specB{0x7e57, 1, 0, false, l.a->endpoint()};
   Result<transport::ChannelPtr> ba = internalError("not run");
   std::thread acceptor([&] { ba = l.b->openChannel(specB, deadline); });
   auto ab = l.a->openChannel(specA, deadline);
