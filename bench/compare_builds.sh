@@ -26,8 +26,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export MERIDIAN_SECRET=compare-builds MERIDIAN_METRICS_ADDR=0
 
-median() { sort -g | awk '{v[NR] = $1} END {if (NR == 0) print "nan"; else print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
-range() { sort -g | awk 'NR == 1 {lo = $1} {hi = $1} END {printf "%s-%s", lo, hi}'; }
+median() { sort -g | awk '{v[NR] = $1} END {if (NR == 0) print "nan"; else printf "%.4g\n", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+range() { sort -g | awk 'NR == 1 {lo = $1} {hi = $1} END {printf "%.4g-%.4g", lo, hi}'; }
 
 # One round of every measurement with build $1, tagged $2 (base|new), round $3.
 measure() {
