@@ -435,6 +435,21 @@ std::size_t StoreState::keyCount() const {
 
 // ---- StoreServer -------------------------------------------------------------------
 
+namespace {
+
+// A store thread's body: nothing leaves the thread. What escapes is logged once, here; the
+// thread ends (the accept thread: no new clients; a client's: that client is dropped).
+template <typename Body>
+void storeThread(const char* what, Body&& body) {
+  try {
+    body();
+  } catch (const std::exception& e) {
+    MLOG_ERROR(kCollectives, "store: {} stopped: {}", what, e.what());
+  }
+}
+
+}  // namespace
+
 Result<std::unique_ptr<StoreServer>> StoreServer::start(const std::string& bindIp, std::uint16_t port,
                                                         std::string secret) {
   MERIDIAN_ASSIGN_OR_RETURN(const std::chrono::milliseconds ioTimeout, ioTimeoutFromKnob());
@@ -445,7 +460,8 @@ Result<std::unique_ptr<StoreServer>> StoreServer::start(const std::string& bindI
   auto server = std::make_unique<StoreServer>(PrivateTag{}, std::move(listenFd).value(), std::move(wakeFd),
                                               std::move(secret), ioTimeout);
   try {
-    server->acceptThread_ = std::thread([s = server.get()] { s->acceptLoop(); });
+    server->acceptThread_ =
+        std::thread([s = server.get()] { storeThread("accept thread", [s] { s->acceptLoop(); }); });
   } catch (const std::system_error& e) {
     return internalError("store server: cannot start the accept thread: {}", e.what());
   }
@@ -527,7 +543,10 @@ void StoreServer::acceptLoop() {
     client->fd = UniqueFd(fd);
     Client& ref = *client;
     try {
-      client->thread = std::thread([this, &ref] { serveClient(ref); });
+      client->thread = std::thread([this, &ref] {
+        storeThread("client thread", [this, &ref] { serveClient(ref); });
+        ref.done.store(true, std::memory_order_release);  // also when serveClient did not get to it
+      });
     } catch (const std::system_error& e) {
       MLOG_WARN(kCollectives, "store: cannot start a client thread, dropping the client: {}", e.what());
       continue;

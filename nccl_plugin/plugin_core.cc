@@ -361,11 +361,17 @@ Result<Core*> Core::instance() {
 
 void Core::monitorLoop() {
   pthread_setname_np(pthread_self(), "mer-nccl-route");
-  std::unique_lock lock(monitorMu_);
-  while (!monitorCv_.wait_for(lock, kJudgePeriod, [&] { return stopping_; })) {
-    lock.unlock();
-    judgePathsOnce();
-    lock.lock();
+  // Nothing leaves this thread (NCCL's process must not end here): a broken invariant stops
+  // re-weighting, and the connections keep their last weights.
+  try {
+    std::unique_lock lock(monitorMu_);
+    while (!monitorCv_.wait_for(lock, kJudgePeriod, [&] { return stopping_; })) {
+      lock.unlock();
+      judgePathsOnce();
+      lock.lock();
+    }
+  } catch (const std::exception& e) {
+    MLOG_ERROR(kPlugin, "path monitor stopped: {}", e.what());
   }
 }
 

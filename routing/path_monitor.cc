@@ -117,6 +117,16 @@ struct PathMonitor::Impl {
   }
 
   void run() {
+    // Nothing leaves this thread: a broken invariant stops re-weighting (the paths keep
+    // their last weights), not the process.
+    try {
+      loop();
+    } catch (const std::exception& e) {
+      MLOG_ERROR(kRouting, "{}: path monitor stopped: {}", proberName, e.what());
+    }
+  }
+
+  void loop() {
     std::unique_lock<std::mutex> lock(mu);
     while (!stop) {
       cv.wait_for(lock, interval);

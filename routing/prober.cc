@@ -162,6 +162,16 @@ struct Prober::Impl {
 
   void run() {
     pthread_setname_np(pthread_self(), fmt::format("mer-probe-{}", options.selfRank).substr(0, 15).c_str());
+    // Nothing leaves this thread: a broken invariant stops probing (the paths then look
+    // lost to routing), not the process.
+    try {
+      loop();
+    } catch (const std::exception& e) {
+      MLOG_ERROR(kRouting, "{}: probing stopped: {}", options.name, e.what());
+    }
+  }
+
+  void loop() {
     std::vector<pollfd> fds;
     for (const auto& s : sockets) fds.push_back({s.get(), POLLIN, 0});
     fds.push_back({wakeRead.get(), POLLIN, 0});
