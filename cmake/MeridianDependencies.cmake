@@ -69,29 +69,8 @@ if(MERIDIAN_ENABLE_CUDA STREQUAL "AUTO" OR MERIDIAN_ENABLE_CUDA)
   endif()
 endif()
 
-if(MERIDIAN_ENABLE_LIBFABRIC)
-  find_package(PkgConfig QUIET)
-  if(PkgConfig_FOUND)
-    pkg_check_modules(LIBFABRIC QUIET IMPORTED_TARGET libfabric)
-  endif()
-  if(NOT LIBFABRIC_FOUND)
-    message(WARNING "libfabric not found (apt-get install libfabric-dev): MERIDIAN_ENABLE_LIBFABRIC is off")
-    set(MERIDIAN_ENABLE_LIBFABRIC OFF)
-  endif()
-endif()
-
-if(MERIDIAN_ENABLE_IBVERBS)
-  find_library(IBVERBS_LIBRARY ibverbs)
-  find_path(IBVERBS_INCLUDE_DIR infiniband/verbs.h)
-  if(NOT IBVERBS_LIBRARY OR NOT IBVERBS_INCLUDE_DIR)
-    message(WARNING "libibverbs not found (apt-get install libibverbs-dev): MERIDIAN_ENABLE_IBVERBS is off")
-    set(MERIDIAN_ENABLE_IBVERBS OFF)
-  endif()
-endif()
-
 if(NOT MERIDIAN_FUZZ)
   find_package(MPI QUIET COMPONENTS CXX)
 endif()  # libopenmpi-dev, for the side-by-side benchmark
 
-message(STATUS "Meridian: CUDA=${MERIDIAN_ENABLE_CUDA} libfabric=${MERIDIAN_ENABLE_LIBFABRIC} "
-               "ibverbs=${MERIDIAN_ENABLE_IBVERBS} sanitize=${MERIDIAN_SANITIZE} MPI=${MPI_CXX_FOUND}")
+message(STATUS "Meridian: CUDA=${MERIDIAN_ENABLE_CUDA} sanitize=${MERIDIAN_SANITIZE} MPI=${MPI_CXX_FOUND}")

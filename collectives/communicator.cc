@@ -450,11 +450,6 @@ std::vector<transport::PathStats> Communicator::peerPathStats(int peer) const {
   return ch ? ch->pathStats() : std::vector<transport::PathStats>{};
 }
 
-std::vector<routing::PathEvent> Communicator::pathEvents() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return monitor_ ? monitor_->events() : std::vector<routing::PathEvent>{};
-}
-
 void Communicator::abortTransport(const Status& why) {
   if (control_) control_->stop();  // it reads the monitor and sends on the channels
   {

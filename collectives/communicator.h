@@ -120,8 +120,6 @@ class Communicator {
   // Routing's view: every path to every peer (figures, congestion state, weight); empty
   // without probing or after the communicator broke.
   std::vector<routing::PathView> paths() const;
-  // Congestion changes seen so far.
-  std::vector<routing::PathEvent> pathEvents() const;
   // Each rank's region as its MERIDIAN_REGION names it ("" where unnamed).
   const std::vector<std::string>& regionNames() const { return regionNames_; }
   bool adaptiveRouting() const { return adaptive_; }

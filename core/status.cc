@@ -1,6 +1,8 @@
 // Status rendering.
 #include "core/status.h"
 
+#include <cstring>
+
 namespace meridian {
 
 std::string_view toString(StatusCode code) {
@@ -20,6 +22,12 @@ std::string_view toString(StatusCode code) {
 std::string Status::toString() const {
   if (isOk()) return "ok";
   return fmt::format("{}: {}", meridian::toString(code_), message_);
+}
+
+std::string errnoText(int err) {
+  char buf[256];
+  // GNU strerror_r: returns the text, in buf or in a static string.
+  return ::strerror_r(err, buf, sizeof(buf));
 }
 
 Status Status::withContext(std::string_view context) const {

@@ -47,11 +47,6 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-template <typename... Args>
-Status makeStatus(StatusCode code, fmt::format_string<Args...> f, Args&&... args) {
-  return Status(code, fmt::format(f, std::forward<Args>(args)...));
-}
-
 #define MERIDIAN_STATUS_HELPER(fn, code)                                    \
   template <typename... Args>                                               \
   Status fn(fmt::format_string<Args...> f, Args&&... args) {                \
@@ -65,6 +60,10 @@ MERIDIAN_STATUS_HELPER(timeoutError, StatusCode::kTimeout)
 MERIDIAN_STATUS_HELPER(againStatus, StatusCode::kAgain)
 MERIDIAN_STATUS_HELPER(internalError, StatusCode::kInternal)
 #undef MERIDIAN_STATUS_HELPER
+
+// The text of an errno value ("Connection refused"), for the message of a failed system
+// call: internalError("pipe: {}", errnoText(errno)). Thread-safe, unlike strerror.
+std::string errnoText(int err);
 
 // Result<T>: a value or a non-ok Status.
 template <typename T>

@@ -20,14 +20,12 @@ namespace meridian::lab {
 
 namespace {
 
-std::string errnoText() { return std::strerror(errno); }
-
 constexpr const char* kNetnsDir = "/run/netns";
 
 Result<UniqueFd> openNamespace(const std::string& name) {
   if (name.empty() || name.find('/') != std::string::npos) return invalidArgument("bad namespace name '{}'", name);
   UniqueFd fd(::open(fmt::format("{}/{}", kNetnsDir, name).c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return invalidArgument("network namespace '{}' is not there: {}", name, errnoText());
+  if (!fd.valid()) return invalidArgument("network namespace '{}' is not there: {}", name, errnoText(errno));
   return fd;
 }
 
@@ -50,12 +48,12 @@ Status requireTun(const std::string& device) {
 
 Status runCommand(const std::vector<std::string>& argv) {
   int err[2];
-  if (::pipe2(err, O_CLOEXEC) != 0) return internalError("pipe: {}", errnoText());
+  if (::pipe2(err, O_CLOEXEC) != 0) return internalError("pipe: {}", errnoText(errno));
   pid_t pid = ::fork();
   if (pid < 0) {
     ::close(err[0]);
     ::close(err[1]);
-    return internalError("fork: {}", errnoText());
+    return internalError("fork: {}", errnoText(errno));
   }
   if (pid == 0) {
     ::dup2(err[1], STDERR_FILENO);
@@ -108,10 +106,10 @@ Status deleteNamespace(const std::string& name) {
 
 Result<NamespaceGuard> NamespaceGuard::enter(const std::string& name) {
   UniqueFd original(::open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC));
-  if (!original.valid()) return internalError("cannot open this thread's network namespace: {}", errnoText());
+  if (!original.valid()) return internalError("cannot open this thread's network namespace: {}", errnoText(errno));
   MERIDIAN_ASSIGN_OR_RETURN(UniqueFd target, openNamespace(name));
   if (::setns(target.get(), CLONE_NEWNET) != 0) {
-    return internalError("cannot enter network namespace '{}': {}", name, errnoText());
+    return internalError("cannot enter network namespace '{}': {}", name, errnoText(errno));
   }
   return NamespaceGuard(std::move(original));
 }
@@ -119,7 +117,7 @@ Result<NamespaceGuard> NamespaceGuard::enter(const std::string& name) {
 NamespaceGuard::~NamespaceGuard() {
   if (original_.valid() && ::setns(original_.get(), CLONE_NEWNET) != 0) {
     // Staying in the wrong namespace would silently misplace every later socket.
-    std::fprintf(stderr, "meridian-lab: cannot return to the original network namespace: %s\n", errnoText().c_str());
+    std::fprintf(stderr, "meridian-lab: cannot return to the original network namespace: %s\n", errnoText(errno).c_str());
     std::abort();
   }
 }
@@ -127,7 +125,7 @@ NamespaceGuard::~NamespaceGuard() {
 Status enterNamespaceForGood(const std::string& name) {
   MERIDIAN_ASSIGN_OR_RETURN(UniqueFd target, openNamespace(name));
   if (::setns(target.get(), CLONE_NEWNET) != 0) {
-    return internalError("cannot enter network namespace '{}': {}", name, errnoText());
+    return internalError("cannot enter network namespace '{}': {}", name, errnoText(errno));
   }
   return Status::ok();
 }
@@ -135,7 +133,7 @@ Status enterNamespaceForGood(const std::string& name) {
 Result<UniqueFd> socketIn(const std::string& name, int domain, int type, int protocol) {
   MERIDIAN_ASSIGN_OR_RETURN(NamespaceGuard guard, NamespaceGuard::enter(name));
   UniqueFd fd(::socket(domain, type | SOCK_CLOEXEC, protocol));
-  if (!fd.valid()) return internalError("socket in namespace '{}': {}", name, errnoText());
+  if (!fd.valid()) return internalError("socket in namespace '{}': {}", name, errnoText(errno));
   return fd;
 }
 
@@ -146,12 +144,12 @@ Result<UniqueFd> createTun(const std::string& ns, const std::string& ifName, int
     // The TUN device is created in the namespace of the thread that asks for it.
     MERIDIAN_ASSIGN_OR_RETURN(NamespaceGuard guard, NamespaceGuard::enter(ns));
     fd.reset(::open("/dev/net/tun", O_RDWR | O_NONBLOCK | O_CLOEXEC));
-    if (!fd.valid()) return internalError("cannot open /dev/net/tun: {}", errnoText());
+    if (!fd.valid()) return internalError("cannot open /dev/net/tun: {}", errnoText(errno));
     ifreq req{};
     req.ifr_flags = IFF_TUN | IFF_NO_PI;
     std::memcpy(req.ifr_name, ifName.c_str(), ifName.size());
     if (::ioctl(fd.get(), TUNSETIFF, &req) != 0) {
-      return internalError("cannot create TUN interface {} in namespace {}: {}", ifName, ns, errnoText());
+      return internalError("cannot create TUN interface {} in namespace {}: {}", ifName, ns, errnoText(errno));
     }
   }
   MERIDIAN_RETURN_IF_ERROR(setSysctlIn(ns, fmt::format("net/ipv6/conf/{}/disable_ipv6", ifName), "1"));
@@ -176,9 +174,9 @@ Status setSysctlIn(const std::string& ns, const std::string& key, const std::str
   MERIDIAN_ASSIGN_OR_RETURN(NamespaceGuard guard, NamespaceGuard::enter(ns));
   std::string path = "/proc/sys/" + key;
   UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
-  if (!fd.valid()) return internalError("cannot open {} in namespace {}: {}", path, ns, errnoText());
+  if (!fd.valid()) return internalError("cannot open {} in namespace {}: {}", path, ns, errnoText(errno));
   if (::write(fd.get(), value.data(), value.size()) != static_cast<ssize_t>(value.size())) {
-    return internalError("cannot set {} to '{}' in namespace {}: {}", path, value, ns, errnoText());
+    return internalError("cannot set {} to '{}' in namespace {}: {}", path, value, ns, errnoText(errno));
   }
   return Status::ok();
 }

@@ -9,13 +9,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/index.h"
+
 namespace meridian::routing {
 
 namespace {
 
 using nlohmann::json;
-
-std::size_t idx(int i) { return static_cast<std::size_t>(i); }
 
 json optional(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
 

@@ -15,13 +15,12 @@
 #include <fmt/format.h>
 
 #include "core/check.h"
+#include "core/index.h"
 
 namespace meridian::routing {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-std::size_t idx(int i) { return static_cast<std::size_t>(i); }
 
 // alpha + bytes * beta over one link; +infinity when the link is unusable.
 double linkSec(const LinkCost& l, double bytes) {

@@ -37,8 +37,6 @@ constexpr std::string_view kSuffix = ".mrc";
 // Small pieces are gathered into one write; data at least this large goes straight out.
 constexpr std::size_t kDirectWriteBytes = 64 * 1024;
 
-std::string errnoText(int err) { return std::strerror(err); }
-
 template <typename... Args>
 Status corrupt(const std::string& path, fmt::format_string<Args...> f, Args&&... args) {
   return invalidArgument("{}: corrupt checkpoint ({})", path, fmt::format(f, std::forward<Args>(args)...));

@@ -1,7 +1,10 @@
-// Status/Result and the MERIDIAN_CHECK macros.
+// Status/Result, errnoText, idx and the MERIDIAN_CHECK macros.
 #include <gtest/gtest.h>
 
+#include <cerrno>
+
 #include "core/check.h"
+#include "core/index.h"
 #include "core/status.h"
 
 namespace meridian {
@@ -40,6 +43,17 @@ TEST(StatusTest, ResultFromOkStatusIsAnInternalError) {
   Result<int> r{Status::ok()};
   EXPECT_FALSE(r.isOk());
   EXPECT_EQ(r.status().code(), StatusCode::kInternal);
+}
+
+TEST(StatusTest, ErrnoTextNamesTheError) {
+  EXPECT_EQ(errnoText(ENOENT), "No such file or directory");
+  EXPECT_EQ(errnoText(ECONNREFUSED), "Connection refused");
+  EXPECT_FALSE(errnoText(99999).empty()) << "an unknown errno still reads as something";
+}
+
+TEST(IndexTest, IdxIsTheIndexOfAnInt) {
+  static_assert(idx(7) == std::size_t{7});
+  EXPECT_EQ(idx(0), 0u);
 }
 
 TEST(CheckTest, PrintsBothValues) {
