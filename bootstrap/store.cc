@@ -594,8 +594,9 @@ void StoreServer::serveClient(Client& client) {
       }
     }
   }
-  // The peer sees EOF now; the descriptor is closed when this thread is joined.
-  ::shutdown(fd, SHUT_RDWR);
+  // The peer sees EOF now; the descriptor is closed when this thread is joined. (A peer
+  // that is gone already makes it fail with ENOTCONN: nothing to do then.)
+  (void)::shutdown(fd, SHUT_RDWR);
   client.done.store(true, std::memory_order_release);
 }
 
@@ -638,7 +639,7 @@ Result<StoreResponse> TcpStore::roundTrip(const StoreRequest& request, TimePoint
   // The stream may be mid-frame now: never reuse it.
   failure = failure.withContext(fmt::format("store {} at {}", toString(request.op), address_));
   broken_ = peerError("store connection to {} is unusable after an earlier error: {}", address_, failure.message());
-  ::shutdown(fd_.get(), SHUT_RDWR);
+  (void)::shutdown(fd_.get(), SHUT_RDWR);  // only tells the server; ENOTCONN when it is gone already
   return failure;
 }
 

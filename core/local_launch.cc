@@ -165,14 +165,16 @@ Result<int> launchLocalRanks(const LocalLaunchOptions& options) {
       return abandon(internalError("fork of rank {}: {}", r, std::strerror(err)));
     }
     if (pid == 0) {
+      // Set-up a rank cannot do without ends it before exec, as a failed exec does.
+      auto childFail = [r](const char* what) {
+        std::fprintf(stderr, "meridian: rank %d: %s: %s\n", r, what, std::strerror(errno));
+        ::_exit(127);
+      };
       // A rank never outlives its launcher: killed (by anything, even SIGKILL), it takes the
       // ranks with it. Checked once more in case it died before the request was in place.
-      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) childFail("prctl(PR_SET_PDEATHSIG)");
       if (::getppid() != launcher) ::_exit(128 + SIGTERM);
-      if (prefixed) {
-        ::dup2(out[1], STDOUT_FILENO);
-        ::dup2(out[1], STDERR_FILENO);
-      }
+      if (prefixed && (::dup2(out[1], STDOUT_FILENO) < 0 || ::dup2(out[1], STDERR_FILENO) < 0)) childFail("dup2");
       if (options.bindCpus) {
         cpu_set_t set;
         CPU_ZERO(&set);
@@ -181,14 +183,17 @@ Result<int> launchLocalRanks(const LocalLaunchOptions& options) {
           std::fprintf(stderr, "meridian: rank %d: cannot bind to its CPUs (%s); running unbound\n", r,
                        std::strerror(errno));
       }
-      ::setenv("MERIDIAN_RANK", std::to_string(r).c_str(), 1);
-      ::setenv("MERIDIAN_WORLD_SIZE", std::to_string(options.ranks).c_str(), 1);
-      ::setenv("MERIDIAN_LOCAL_RANK", std::to_string(options.separateHosts ? 0 : r).c_str(), 1);
-      ::setenv("MERIDIAN_LOCAL_WORLD_SIZE", std::to_string(options.separateHosts ? 1 : options.ranks).c_str(), 1);
-      ::setenv("MERIDIAN_STORE", store.c_str(), 1);
-      if (!secret.empty()) ::setenv("MERIDIAN_SECRET", secret.c_str(), 1);
-      for (const auto& [k, v] : options.extraEnv) ::setenv(k.c_str(), v.c_str(), 1);
-      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+      auto put = [&](const std::string& name, const std::string& value) {
+        if (::setenv(name.c_str(), value.c_str(), 1) != 0) childFail("setenv");
+      };
+      put("MERIDIAN_RANK", std::to_string(r));
+      put("MERIDIAN_WORLD_SIZE", std::to_string(options.ranks));
+      put("MERIDIAN_LOCAL_RANK", std::to_string(options.separateHosts ? 0 : r));
+      put("MERIDIAN_LOCAL_WORLD_SIZE", std::to_string(options.separateHosts ? 1 : options.ranks));
+      put("MERIDIAN_STORE", store);
+      if (!secret.empty()) put("MERIDIAN_SECRET", secret);
+      for (const auto& [k, v] : options.extraEnv) put(k, v);
+      for (const auto& [k, v] : env) put(k, v);
       if (options.childSetup) {
         std::string err = options.childSetup(r);
         if (!err.empty()) {
@@ -204,7 +209,7 @@ Result<int> launchLocalRanks(const LocalLaunchOptions& options) {
       ::_exit(127);
     }
     if (prefixed) {
-      ::close(out[1]);
+      (void)::close(out[1]);  // the rank's write end: nothing was written through it here
       outputs.push_back({out[0], POLLIN, 0});
       partials.emplace_back();
       outputRank.push_back(r);
@@ -225,7 +230,7 @@ Result<int> launchLocalRanks(const LocalLaunchOptions& options) {
     }
     if (children.empty() && std::chrono::steady_clock::now() - allExited > kDrainAfterExit) {
       for (auto& o : outputs) {
-        if (o.fd >= 0) ::close(o.fd);
+        if (o.fd >= 0) (void)::close(o.fd);  // read ends: nothing to flush
         o.fd = -1;
       }
       break;
@@ -236,7 +241,7 @@ Result<int> launchLocalRanks(const LocalLaunchOptions& options) {
           if (outputs[i].fd < 0 || outputs[i].revents == 0) continue;
           const std::string& prefix = options.outputPrefixes[static_cast<std::size_t>(outputRank[i])];
           if (!pumpLines(outputs[i].fd, prefix, partials[i])) {
-            ::close(outputs[i].fd);
+            (void)::close(outputs[i].fd);  // at EOF: nothing to flush
             outputs[i].fd = -1;
             --openOutputs;
           }
@@ -263,7 +268,9 @@ Result<int> launchLocalRanks(const LocalLaunchOptions& options) {
       terminating = true;
       for (const auto& [p, rank] : children) {
         MLOG_ERROR(kCore, "stopping rank {} (pid {}) after another rank failed", rank, p);
-        ::kill(p, SIGTERM);
+        if (::kill(p, SIGTERM) != 0 && errno != ESRCH) {  // ESRCH: it exited meanwhile; waitpid reaps it
+          MLOG_WARN(kCore, "cannot stop rank {} (pid {}): {}", rank, p, std::strerror(errno));
+        }
       }
     }
     if (openOutputs == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));

@@ -186,8 +186,12 @@ struct Emulator::Impl {
     if (!c.valid()) return;
     // A local root tool on the other end; still, never let it stall forwarding for long.
     timeval tv{0, 200'000};
-    ::setsockopt(c.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    ::setsockopt(c.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    if (::setsockopt(c.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
+        ::setsockopt(c.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0) {
+      // Without the timeouts a stuck client could stall forwarding: refuse it.
+      MLOG_WARN(kLab, "emulator: control connection refused: SO_RCVTIMEO/SO_SNDTIMEO: {}", errnoText(errno));
+      return;
+    }
     std::string req;
     char buf[4096];
     while (req.find('\n') == std::string::npos && req.size() < kMaxRequestBytes) {
@@ -383,7 +387,10 @@ Status Emulator::prepare(bool handleSignals) {
   if (m.epoll.valid()) return Status::ok();
   // Timer slack decides how late a timerfd may fire; the default 50 us is a quarter of the
   // delay error the lab allows.
-  ::prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+  if (::prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0) != 0) {
+    MLOG_WARN(kLab, "emulator: cannot set the timer slack to 1 ns ({}): delays may run up to 50 us late",
+              errnoText(errno));
+  }
   m.epoll.reset(::epoll_create1(EPOLL_CLOEXEC));
   m.timer.reset(::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC));
   if (!m.epoll.valid() || !m.timer.valid()) return internalError("emulator: epoll/timerfd: {}", std::strerror(errno));
@@ -448,8 +455,10 @@ Result<nlohmann::json> controlRequest(const std::string& socketPath, const nlohm
   if (socketPath.size() >= sizeof(addr.sun_path)) return invalidArgument("control socket path too long: {}", socketPath);
   std::memcpy(addr.sun_path, socketPath.c_str(), socketPath.size());
   timeval tv{timeoutMs / 1000, (timeoutMs % 1000) * 1000};
-  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  ::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  if (!fd.valid() || ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
+      ::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0) {
+    return internalError("control socket for {}: {}", socketPath, errnoText(errno));
+  }
   if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     return peerError("the lab's emulator does not answer on {} ({}): is the lab up?", socketPath, std::strerror(errno));
   }

@@ -51,15 +51,17 @@ bool isLabProcess(int pid) {
 // Sends SIGTERM, waits up to `grace`, then SIGKILL.
 void stopProcess(int pid, std::chrono::milliseconds grace) {
   if (!processAlive(pid)) return;
-  ::kill(pid, SIGTERM);
+  // kill: ESRCH when it exited meanwhile (processAlive says so next); waitpid: ECHILD when it
+  // is not our child (a daemon of an earlier `up`), which then is not ours to reap.
+  (void)::kill(pid, SIGTERM);
   auto until = std::chrono::steady_clock::now() + grace;
   while (processAlive(pid) && std::chrono::steady_clock::now() < until) {
-    ::waitpid(pid, nullptr, WNOHANG);  // reaps it when it is our child
+    (void)::waitpid(pid, nullptr, WNOHANG);  // reaps it when it is our child
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   if (processAlive(pid)) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
+    (void)::kill(pid, SIGKILL);
+    (void)::waitpid(pid, nullptr, 0);
   }
 }
 
@@ -140,7 +142,9 @@ Status saveState(const LabState& s, const std::string& topologyFile) {
 }
 
 Result<UniqueFd> listenControl(const std::string& path) {
-  ::unlink(path.c_str());
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return internalError("cannot remove the old control socket {}: {}", path, errnoText(errno));
+  }
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -149,7 +153,7 @@ Result<UniqueFd> listenControl(const std::string& path) {
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd.get(), 16) != 0) {
     return internalError("cannot listen on {}: {}", path, std::strerror(errno));
   }
-  ::chmod(path.c_str(), 0600);
+  if (::chmod(path.c_str(), 0600) != 0) return internalError("chmod {}: {}", path, errnoText(errno));
   return fd;
 }
 
@@ -253,8 +257,9 @@ Status labUp(const std::string& topologyFile, const UpOptions& options) {
   std::error_code ec;
   fs::create_directories(s.dir, ec);
   if (ec) return internalError("cannot create {}: {}", s.dir, ec.message());
-  ::chmod(kStateRoot, 0755);
-  ::chmod(s.dir.c_str(), 0700);
+  if (::chmod(kStateRoot, 0755) != 0 || ::chmod(s.dir.c_str(), 0700) != 0) {
+    return internalError("cannot set the modes of {} and {}: {}", kStateRoot, s.dir, errnoText(errno));
+  }
 
   auto fail = [&](const Status& why) {
     Status t = teardown(s.dir, s.emulatorPid, s.namespaces, s.mgmtIndex);
@@ -318,30 +323,30 @@ Status labUp(const std::string& topologyFile, const UpOptions& options) {
   std::fflush(stderr);
   pid_t pid = ::fork();
   if (pid < 0) {
-    ::close(ready[0]);
-    ::close(ready[1]);
-    return fail(internalError("fork: {}", std::strerror(errno)));
+    const int e = errno;
+    (void)::close(ready[0]);  // a pipe nothing went through
+    (void)::close(ready[1]);
+    return fail(internalError("fork: {}", errnoText(e)));
   }
   if (pid == 0) {
-    ::close(ready[0]);
-    ::setsid();
-    if (::chdir("/") != 0) ::_exit(1);
+    // The daemon's set-up: a step that fails ends it before it reports ready, and `up`
+    // fails ("the emulator did not start").
+    (void)::close(ready[0]);  // the parent's end
+    if (::setsid() < 0 || ::chdir("/") != 0) ::_exit(1);
     int log = ::open((s.dir + "/emulator.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (log >= 0) {
-      ::dup2(log, STDOUT_FILENO);
-      ::dup2(log, STDERR_FILENO);
-    }
-    if (null >= 0) ::dup2(null, STDIN_FILENO);
-    ::signal(SIGHUP, SIG_IGN);
+    if (log < 0 || ::dup2(log, STDOUT_FILENO) < 0 || ::dup2(log, STDERR_FILENO) < 0) ::_exit(1);
+    if (null < 0 || ::dup2(null, STDIN_FILENO) < 0) ::_exit(1);
+    if (::signal(SIGHUP, SIG_IGN) == SIG_ERR) ::_exit(1);
     int code = 0;
     {
       Emulator emu(topo, std::move(tuns), std::move(control.value()));
       // "Ready" only once the emulator can forward: a failed set-up fails `up`.
       Status prepared = emu.prepare(true);
       char ok = prepared.isOk() ? 1 : 0;
-      [[maybe_unused]] ssize_t w = ::write(ready[1], &ok, 1);
-      ::close(ready[1]);
+      // A failed write reads as "not ready" on the other end, which then stops us.
+      (void)::write(ready[1], &ok, 1);
+      (void)::close(ready[1]);
       Status st = prepared.isOk() ? emu.run(true) : prepared;
       if (!st.isOk()) {
         std::fprintf(stderr, "emulator: %s\n", st.message().c_str());
@@ -351,11 +356,11 @@ Status labUp(const std::string& topologyFile, const UpOptions& options) {
     std::fflush(nullptr);
     ::_exit(code);
   }
-  ::close(ready[1]);
+  (void)::close(ready[1]);  // the daemon's end
   s.emulatorPid = pid;
   // Recorded at once: if this process dies before the daemon reports, `down` can stop it.
   if (Status st = saveState(s, topologyFile); !st.isOk()) {
-    ::close(ready[0]);
+    (void)::close(ready[0]);  // read end
     return fail(st);
   }
   tuns.clear();  // the daemon holds them now
@@ -363,7 +368,7 @@ Status labUp(const std::string& topologyFile, const UpOptions& options) {
   pollfd pfd{ready[0], POLLIN, 0};
   char ok = 0;
   bool started = ::poll(&pfd, 1, 10000) == 1 && ::read(ready[0], &ok, 1) == 1 && ok == 1;
-  ::close(ready[0]);
+  (void)::close(ready[0]);  // read end
   if (!started) return fail(internalError("the emulator did not start; see {}/emulator.log", s.dir));
   if (Status st = saveState(s, topologyFile); !st.isOk()) return fail(st);
 

@@ -12,6 +12,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -185,8 +186,9 @@ int main(int argc, char** argv) {
     printLinks(r.value());
     return 0;
   }
-  ::signal(SIGINT, onSignal);
-  ::signal(SIGTERM, onSignal);
+  if (::signal(SIGINT, onSignal) == SIG_ERR || ::signal(SIGTERM, onSignal) == SIG_ERR) {
+    return fail(internalError("cannot handle SIGINT/SIGTERM: {}", errnoText(errno)));
+  }
   if (*cross) {
     CrossTrafficOptions o;
     o.plane = plane;

@@ -51,14 +51,15 @@ Status runCommand(const std::vector<std::string>& argv) {
   if (::pipe2(err, O_CLOEXEC) != 0) return internalError("pipe: {}", errnoText(errno));
   pid_t pid = ::fork();
   if (pid < 0) {
-    ::close(err[0]);
-    ::close(err[1]);
-    return internalError("fork: {}", errnoText(errno));
+    const int e = errno;
+    (void)::close(err[0]);  // a pipe nothing went through
+    (void)::close(err[1]);
+    return internalError("fork: {}", errnoText(e));
   }
   if (pid == 0) {
-    ::dup2(err[1], STDERR_FILENO);
-    int devnull = ::open("/dev/null", O_WRONLY);
-    if (devnull >= 0) ::dup2(devnull, STDOUT_FILENO);
+    // The command's stderr is the pipe (its output is the error message), stdout /dev/null.
+    const int devnull = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+    if (::dup2(err[1], STDERR_FILENO) < 0 || devnull < 0 || ::dup2(devnull, STDOUT_FILENO) < 0) ::_exit(126);
     std::vector<char*> args;
     for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
@@ -66,7 +67,7 @@ Status runCommand(const std::vector<std::string>& argv) {
     std::fprintf(stderr, "cannot run %s: %s", args[0], std::strerror(errno));
     ::_exit(127);
   }
-  ::close(err[1]);
+  (void)::close(err[1]);  // the child's end: nothing was written through it here
   std::string out;
   char buf[512];
   for (;;) {
@@ -78,10 +79,12 @@ Status runCommand(const std::vector<std::string>& argv) {
     if (n < 0 && errno == EINTR) continue;
     break;
   }
-  ::close(err[0]);
+  (void)::close(err[0]);  // read to EOF
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  pid_t waited = -1;
+  while ((waited = ::waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
   }
+  if (waited < 0) return internalError("waitpid for {}: {}", argv.front(), errnoText(errno));
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return Status::ok();
   while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
   std::string cmd;

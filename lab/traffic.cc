@@ -49,7 +49,9 @@ Result<CrossTrafficResult> runCrossTraffic(const LabState& lab, const CrossTraff
     return internalError("cross-traffic sink on {}: {}", dstAddr, std::strerror(errno));
   }
   timeval tv{0, 100'000};
-  ::setsockopt(sink.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  if (::setsockopt(sink.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0) {
+    return internalError("cross-traffic sink on {}: SO_RCVTIMEO: {}", dstAddr, errnoText(errno));
+  }
   MERIDIAN_ASSIGN_OR_RETURN(UniqueFd sender, socketIn(lab.namespaceOf(src), AF_INET, SOCK_DGRAM));
   sockaddr_in from = ipv4Address(t.address(plane, src), 0);
   if (::bind(sender.get(), reinterpret_cast<sockaddr*>(&from), sizeof(from)) != 0 ||

@@ -41,11 +41,13 @@ std::string bindFailureReason(const std::string& ip, int port, const char* civet
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return civetwebMessage;
   const int on = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);  // as civetweb does
+  // As civetweb does; without it the bind below may name another reason, which is all
+  // this diagnosis can lose.
+  (void)::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
   const sockaddr_in a = socketAddress(ip, port);
   std::string reason = civetwebMessage;
-  if (::bind(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) reason = std::strerror(errno);
-  ::close(fd);
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) reason = errnoText(errno);
+  (void)::close(fd);  // a socket nothing went through
   return reason;
 }
 
@@ -54,7 +56,7 @@ void knock(const sockaddr_in& server) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return;
   (void)::connect(fd, reinterpret_cast<const sockaddr*>(&server), sizeof server);
-  ::close(fd);
+  (void)::close(fd);  // the knock is the connection attempt itself
 }
 
 // Every scrape snapshots the registry afresh.

@@ -96,8 +96,10 @@ struct Prober::Impl {
         m.sendTimeUs = now;
         auto bytes = encodeProbe(m, secret);
         ps.estimator.onProbeSent(m.seq, now);
-        ::sendto(sockets[p].get(), bytes.data(), bytes.size(), MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&ps.remote),
-                 sizeof(ps.remote));
+        // A probe the kernel will not take (a full buffer, a path that is down) is a lost
+        // probe: the estimator counts it as one when its echo never comes.
+        (void)::sendto(sockets[p].get(), bytes.data(), bytes.size(), MSG_DONTWAIT,
+                       reinterpret_cast<sockaddr*>(&ps.remote), sizeof(ps.remote));
         ++counters.sent;
         publish(ps, now);
       }
@@ -141,7 +143,9 @@ struct Prober::Impl {
         ProbeMessage echo = m.value();
         echo.type = ProbeType::kEcho;
         auto bytes = encodeProbe(echo, secret);
-        ::sendto(sockets[path].get(), bytes.data(), bytes.size(), MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&from), len);
+        // An echo that cannot be sent is a lost probe to the peer, which counts it so.
+        (void)::sendto(sockets[path].get(), bytes.data(), bytes.size(), MSG_DONTWAIT,
+                       reinterpret_cast<sockaddr*>(&from), len);
         ++counters.echoed;
         continue;
       }

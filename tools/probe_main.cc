@@ -402,8 +402,9 @@ int run(int argc, char** argv) {
     }
   }
 
-  ::signal(SIGINT, onSignal);
-  ::signal(SIGTERM, onSignal);
+  if (::signal(SIGINT, onSignal) == SIG_ERR || ::signal(SIGTERM, onSignal) == SIG_ERR) {
+    throw std::runtime_error(fmt::format("cannot handle SIGINT/SIGTERM: {}", std::strerror(errno)));
+  }
   std::map<std::pair<int, int>, routing::CongestionDetector> detectors;
   const auto start = std::chrono::steady_clock::now();
   json lastReport;
