@@ -199,7 +199,12 @@ void runWorld(int worldSize) {
     const auto& p = result.ranks[r];
     EXPECT_EQ(p.exitCode, 0) << "rank " << r << " of " << worldSize << " exited with " << p.exitCode << "; log:\n"
                              << readFile(p.logPath);
-    if (p.exitCode == 0) std::remove(p.logPath.c_str());
+    // A normal end logs no errors (docs/errors.md): closing down is not a failure.
+    if (p.exitCode == 0) {
+      const std::string log = readFile(p.logPath);
+      EXPECT_EQ(log.find("[error]"), std::string::npos) << "rank " << r << " logged an error on a clean run:\n" << log;
+      std::remove(p.logPath.c_str());
+    }
   }
 }
 
