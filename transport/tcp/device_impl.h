@@ -52,8 +52,6 @@ inline constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
 inline constexpr std::size_t kMaxSplices = 64;
 inline constexpr std::size_t kSpliceBufferBytes = 256 * 1024;
 
-inline std::string errnoText(int e) { return std::strerror(e); }
-
 // What the client of a data stream tells the server: which stream of which path it is.
 inline ConnectInfo dataStreamInfo(std::uint64_t sessionId, int rank, std::size_t path, int stream, int streams,
                                   std::size_t paths) {
@@ -296,6 +294,8 @@ struct TcpDevice::Impl {
   }
 
   void loop();
+  // The loop's rounds until the device stops (loop() catches what escapes them).
+  void runRounds(epoll_event* events);
   // One round of the engine over `n` ready events; the caller holds poller->mu.
   void processEvents(const epoll_event* events, int n);
   void acceptAll(std::size_t listenerIndex);

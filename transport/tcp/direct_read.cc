@@ -114,7 +114,7 @@ Status readDirect(std::int64_t pid, std::uint8_t* dst, std::uint64_t remoteAddre
     if (n < 0) {
       if (errno == EINTR) continue;
       return peerError("direct read of {} bytes at 0x{:x} from pid {}: {}", bytes, remoteAddress, pid,
-                       std::strerror(errno));
+                       errnoText(errno));
     }
     if (n == 0) return peerError("direct read of {} bytes at 0x{:x} from pid {} read nothing", bytes, remoteAddress, pid);
     done += static_cast<std::size_t>(n);

@@ -97,6 +97,21 @@ void TcpDevice::Impl::loop() {
   threadName.resize(std::min<std::size_t>(threadName.size(), 15));
   pthread_setname_np(pthread_self(), threadName.c_str());
   epoll_event events[64];
+  try {
+    runRounds(events);
+  } catch (const std::exception& ex) {
+    // Nothing on this thread throws by design; if something does (an allocation), the device
+    // stops moving data: every channel fails with the reason, and the process lives on.
+    MLOG_ERROR(kTransport, "TCP device {}: the progress thread stopped: {}", options.name, ex.what());
+    std::lock_guard lock(poller->mu);
+    for (auto& e : channels) e->engine->fail(commError("the transport's progress thread stopped: {}", ex.what()));
+  }
+  std::lock_guard lock(poller->mu);
+  shutdownAll();
+  poller->impl = nullptr;
+}
+
+void TcpDevice::Impl::runRounds(epoll_event* events) {
   while (running.load(std::memory_order_acquire)) {
     const bool others = poller->othersPolling();
     if (others) {
@@ -109,6 +124,7 @@ void TcpDevice::Impl::loop() {
       });
     }
     int n = ::epoll_wait(epfd.get(), events, 64, others ? 0 : 10);
+    if (n < 0 && errno != EINTR) MLOG_ERROR(kTransport, "epoll_wait: {}", errnoText(errno));
     std::lock_guard lock(poller->mu);
     processEvents(events, std::max(n, 0));
     // Expire handshakes and streams nobody claimed.
@@ -129,9 +145,6 @@ void TcpDevice::Impl::loop() {
       return true;
     });
   }
-  std::lock_guard lock(poller->mu);
-  shutdownAll();
-  poller->impl = nullptr;
 }
 
 void TcpDevice::Impl::shutdownAll() {

@@ -55,9 +55,9 @@ int remainingMs(TimePoint deadline) {
 
 Status setNonBlocking(int fd, bool on) {
   int flags = fcntl(fd, F_GETFL, 0);
-  if (flags < 0) return internalError("fcntl(F_GETFL): {}", std::strerror(errno));
+  if (flags < 0) return internalError("fcntl(F_GETFL): {}", errnoText(errno));
   flags = on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK);
-  if (fcntl(fd, F_SETFL, flags) < 0) return internalError("fcntl(F_SETFL): {}", std::strerror(errno));
+  if (fcntl(fd, F_SETFL, flags) < 0) return internalError("fcntl(F_SETFL): {}", errnoText(errno));
   return Status::ok();
 }
 
@@ -67,7 +67,7 @@ bool setNotsentLowat(int fd, int bytes) {
 
 Status setIntOption(int fd, int level, int name, int value, const char* what) {
   if (::setsockopt(fd, level, name, &value, sizeof(value)) != 0) {
-    return internalError("setsockopt({}, {}): {}", what, value, std::strerror(errno));
+    return internalError("setsockopt({}, {}): {}", what, value, errnoText(errno));
   }
   return Status::ok();
 }
@@ -85,12 +85,12 @@ Result<UniqueFd> listenOn(const std::string& ip, std::uint16_t port, bool nonBlo
   auto addr = resolve(ip, port);
   if (!addr) return addr.status();
   UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | (nonBlocking ? SOCK_NONBLOCK : 0), 0));
-  if (!fd.valid()) return internalError("socket(): {}", std::strerror(errno));
+  if (!fd.valid()) return internalError("socket(): {}", errnoText(errno));
   MERIDIAN_RETURN_IF_ERROR(setIntOption(fd.get(), SOL_SOCKET, SO_REUSEADDR, 1, "SO_REUSEADDR"));
   if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&addr.value()), sizeof(sockaddr_in)) != 0) {
-    return invalidArgument("cannot bind {}:{}: {}", ip, port, std::strerror(errno));
+    return invalidArgument("cannot bind {}:{}: {}", ip, port, errnoText(errno));
   }
-  if (::listen(fd.get(), backlog) != 0) return internalError("listen({}:{}): {}", ip, port, std::strerror(errno));
+  if (::listen(fd.get(), backlog) != 0) return internalError("listen({}:{}): {}", ip, port, errnoText(errno));
   return fd;
 }
 
@@ -98,12 +98,12 @@ namespace {
 // A non-blocking TCP socket, bound to `localIp` when given.
 Result<UniqueFd> socketBoundTo(const std::string& localIp) {
   UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!fd.valid()) return internalError("socket(): {}", std::strerror(errno));
+  if (!fd.valid()) return internalError("socket(): {}", errnoText(errno));
   if (!localIp.empty()) {
     auto local = resolve(localIp, 0);
     if (!local) return local.status();
     if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&local.value()), sizeof(sockaddr_in)) != 0) {
-      return invalidArgument("cannot bind local address {}: {}", localIp, std::strerror(errno));
+      return invalidArgument("cannot bind local address {}: {}", localIp, errnoText(errno));
     }
   }
   return fd;
@@ -117,7 +117,7 @@ Result<UniqueFd> startConnect(const HostPort& remote, const std::string& localIp
   MERIDIAN_RETURN_IF_ERROR(setIntOption(fd.get(), IPPROTO_TCP, TCP_NODELAY, 1, "TCP_NODELAY"));
   if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr.value()), sizeof(sockaddr_in)) != 0 &&
       errno != EINPROGRESS) {
-    return peerError("connect to {}: {}", remote.toString(), std::strerror(errno));
+    return peerError("connect to {}: {}", remote.toString(), errnoText(errno));
   }
   return fd;
 }
@@ -149,7 +149,7 @@ Result<UniqueFd> connectTo(const HostPort& remote, const std::string& localIp, T
       MERIDIAN_RETURN_IF_ERROR(setIntOption(fd.get(), IPPROTO_TCP, TCP_NODELAY, 1, "TCP_NODELAY"));
       return fd;
     }
-    lastError = std::strerror(errno);
+    lastError = errnoText(errno);
     bool retryable = errno == ECONNREFUSED || errno == ETIMEDOUT || errno == EAGAIN || errno == ECONNRESET ||
                      errno == EHOSTUNREACH || errno == ENETUNREACH;
     if (!retryable) return peerError("connect to {}: {}", remote.toString(), lastError);
@@ -184,7 +184,7 @@ Status transferAll(int fd, std::size_t bytes, TimePoint deadline, short events, 
     if (prc == 0) return timeoutError("{}: timed out after {} of {} bytes", what, done, bytes);
     if (prc < 0) {
       if (errno == EINTR) continue;
-      return peerError("{}: poll: {}", what, std::strerror(errno));
+      return peerError("{}: poll: {}", what, errnoText(errno));
     }
     ssize_t n = op(done);
     if (n > 0) {
@@ -192,7 +192,7 @@ Status transferAll(int fd, std::size_t bytes, TimePoint deadline, short events, 
     } else if (n == 0) {
       return peerError("{}: connection closed by peer after {} of {} bytes", what, done, bytes);
     } else if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
-      return peerError("{}: {}", what, std::strerror(errno));
+      return peerError("{}: {}", what, errnoText(errno));
     }
   }
   return Status::ok();

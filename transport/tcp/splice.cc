@@ -9,6 +9,8 @@
 
 #include <fmt/format.h>
 
+#include "core/status.h"
+
 namespace meridian::transport::tcp {
 
 Splice::Splice(UniqueFd a, UniqueFd b, std::size_t bufferBytes) : a_(std::move(a)), b_(std::move(b)) {
@@ -44,7 +46,7 @@ bool Splice::move(Direction& d, std::size_t budget) {
         d.eof = true;
         progressed = true;
       } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        error_ = fmt::format("receive: {}", std::strerror(errno));
+        error_ = fmt::format("receive: {}", errnoText(errno));
         return false;
       }
     }
@@ -56,14 +58,14 @@ bool Splice::move(Direction& d, std::size_t budget) {
         done += static_cast<std::size_t>(n);
         progressed = true;
       } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        error_ = fmt::format("send: {}", std::strerror(errno));
+        error_ = fmt::format("send: {}", errnoText(errno));
         return false;
       }
     }
     if (d.head == d.tail) d.head = d.tail = 0;
     if (d.eof && d.head == d.tail && !d.shutDown) {
       if (::shutdown(d.to, SHUT_WR) != 0 && errno != ENOTCONN) {
-        error_ = fmt::format("shutdown: {}", std::strerror(errno));
+        error_ = fmt::format("shutdown: {}", errnoText(errno));
         return false;
       }
       d.shutDown = true;
@@ -80,9 +82,9 @@ Splice::State Splice::pump(std::size_t budgetBytes) {
     if (::poll(&p, 1, 0) != 1) return State::kRunning;
     int err = 0;
     socklen_t len = sizeof(err);
-    ::getsockopt(b_.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+    if (::getsockopt(b_.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
     if (err != 0) {
-      error_ = fmt::format("connect: {}", std::strerror(err));
+      error_ = fmt::format("connect: {}", errnoText(err));
       return State::kFailed;
     }
     connecting_ = false;
