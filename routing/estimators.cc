@@ -22,6 +22,8 @@ void PathEstimator::recordOutcome(bool lost) {
   outcomes_[outcomeNext_] = lost ? 1 : 0;
   lostInWindow_ += lost ? 1 : 0;
   outcomeNext_ = (outcomeNext_ + 1) % outcomes_.size();
+  lostInARow_ = lost ? lostInARow_ + 1 : 0;
+  echoedInARow_ = lost ? 0 : echoedInARow_ + 1;
 }
 
 void PathEstimator::popResolvedFront() {
@@ -92,6 +94,8 @@ PathFigures PathEstimator::figures(std::int64_t nowUs) const {
   PathFigures f;
   f.sent = sent_;
   f.received = received_;
+  f.lostInARow = lostInARow_;
+  f.echoedInARow = echoedInARow_;
   f.loss = outcomeCount_ == 0 ? 0.0 : static_cast<double>(lostInWindow_) / static_cast<double>(outcomeCount_);
   if (!haveRtt_) return f;
   f.valid = true;

@@ -19,6 +19,9 @@ struct PathFigures {
   double jitterUs = 0;   // RFC 3550 style: smoothed |rtt_i - rtt_{i-1}| over consecutive echoes (gain 1/16)
   double loss = 0;       // lost / resolved over the last lossWindow resolved probes, 0..1
   std::uint64_t sent = 0, received = 0;  // totals since construction (received: echoes accepted)
+  // The latest resolutions in a row that were losses, or echoes (one of the two is 0): a path
+  // that echoes nothing any more is down, not congested (PathMonitor).
+  std::uint64_t lostInARow = 0, echoedInARow = 0;
 
   // Delay spent in queues: srtt above the propagation floor (minRtt), never negative.
   double queueingUs() const;
@@ -90,6 +93,7 @@ class PathEstimator {
   std::size_t outcomeNext_ = 0;
   std::size_t outcomeCount_ = 0;
   std::size_t lostInWindow_ = 0;
+  std::uint64_t lostInARow_ = 0, echoedInARow_ = 0;
 
   bool haveRtt_ = false;
   double srttUs_ = 0, rttvarUs_ = 0, lastRttUs_ = 0, jitterUs_ = 0;

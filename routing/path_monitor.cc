@@ -17,15 +17,23 @@ namespace {
 constexpr std::size_t kMaxEvents = 1000;
 }  // namespace
 
-std::vector<double> weightsFor(const std::vector<CongestionState>& states) {
+std::vector<double> weightsFor(const std::vector<CongestionState>& states, const std::vector<bool>& down) {
   std::vector<double> w(states.size(), 1.0);
-  bool anyClear = false;
-  for (auto s : states) anyClear = anyClear || s == CongestionState::kClear;
+  auto isDown = [&](std::size_t i) { return i < down.size() && down[i]; };
+  bool anyUp = false, anyClear = false;
   for (std::size_t i = 0; i < states.size(); ++i) {
-    // With every path congested, all keep the congested weight: equal weights move nothing,
-    // and a path that is still congested must not look raised (a raised weight lifts the
-    // path's rate estimate towards the best path's, which is for paths that recovered).
-    if (states[i] == CongestionState::kCongested || !anyClear) w[i] = kCongestedPathWeight;
+    anyUp = anyUp || !isDown(i);
+    anyClear = anyClear || (!isDown(i) && states[i] == CongestionState::kClear);
+  }
+  for (std::size_t i = 0; i < states.size(); ++i) {
+    if (isDown(i) && anyUp) {
+      w[i] = kDownPathWeight;
+    } else if (states[i] == CongestionState::kCongested || !anyClear) {
+      // With every path congested, all keep the congested weight: equal weights move nothing,
+      // and a path that is still congested must not look raised (a raised weight lifts the
+      // path's rate estimate towards the best path's, which is for paths that recovered).
+      w[i] = kCongestedPathWeight;
+    }
   }
   return w;
 }
@@ -36,6 +44,7 @@ struct PathMonitor::Impl {
     std::uint64_t bytesSent = 0;  // the channel's count for the path at the last round
     std::int64_t readAtUs = 0;    // when that count was read (0: never)
     double judgedBytesPerSec = 0;  // the last busy round's rate (PathView)
+    bool down = false;             // kDownAfterLostProbes unanswered in a row, until kUpAfterEchoes echoes
     Gauge* congested = nullptr;
     Gauge* weight = nullptr;
   };
@@ -59,6 +68,7 @@ struct PathMonitor::Impl {
   void tick() {
     const std::int64_t now = clock ? clock->nowUs() : nowUs();
     std::map<int, std::vector<CongestionState>> states;
+    std::map<int, std::vector<bool>> down;
     std::vector<std::pair<int, std::vector<double>>> changed;
     const std::vector<ProbeRow> rows = prober->snapshot();
     std::map<int, std::vector<transport::PathStats>> channelPaths;  // read outside the lock: the channel takes its own
@@ -99,13 +109,25 @@ struct PathMonitor::Impl {
           events.push_back({now, row.peer, row.path, t.detector.state(), t.detector.reason()});
           if (events.size() > kMaxEvents) events.pop_front();
         }
+        if (!t.down && row.figures.lostInARow >= kDownAfterLostProbes) {
+          t.down = true;
+          MLOG_INFO(kRouting, "path {} to rank {} is down: the last {} probes went unanswered", row.path, row.peer,
+                    row.figures.lostInARow);
+        } else if (t.down && row.figures.echoedInARow >= kUpAfterEchoes) {
+          t.down = false;
+          MLOG_INFO(kRouting, "path {} to rank {} is up again", row.path, row.peer);
+        }
+        const auto index = static_cast<std::size_t>(row.path);
         auto& s = states[row.peer];
-        if (s.size() <= static_cast<std::size_t>(row.path)) s.resize(static_cast<std::size_t>(row.path) + 1);
-        s[static_cast<std::size_t>(row.path)] = t.detector.state();
+        auto& d = down[row.peer];
+        if (s.size() <= index) s.resize(index + 1);
+        if (d.size() <= index) d.resize(index + 1);
+        s[index] = t.detector.state();
+        d[index] = t.down;
       }
       if (!adaptive) return;
       for (const auto& [peer, s] : states) {
-        std::vector<double> w = weightsFor(s);
+        std::vector<double> w = weightsFor(s, down[peer]);
         auto& last = applied[peer];
         if (last == w) continue;
         last = w;
@@ -188,12 +210,13 @@ std::vector<PathView> PathMonitor::paths() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   std::vector<PathView> out;
   for (const auto& row : rows) {
-    PathView v{row.peer, row.path, row.figures, CongestionState::kClear, {}, 1.0, 0};
+    PathView v{row.peer, row.path, row.figures, CongestionState::kClear, {}, 1.0, false, 0};
     auto it = impl_->tracked.find({row.peer, row.path});
     if (it != impl_->tracked.end()) {
       v.state = it->second.detector.state();
       v.reason = it->second.detector.reason();
       v.judgedBytesPerSec = it->second.judgedBytesPerSec;
+      v.down = it->second.down;
     }
     auto w = impl_->applied.find(row.peer);
     if (w != impl_->applied.end() && static_cast<std::size_t>(row.path) < w->second.size()) {

@@ -19,6 +19,14 @@ namespace meridian::routing {
 
 // Weight of a congested path next to clear ones (1.0): small, not zero.
 inline constexpr double kCongestedPathWeight = 0.1;
+// Weight of a path whose probes all go unanswered (down): it carries nothing while another
+// path is up. Without it a peer that had sent nothing since a plane was cut would learn of
+// the cut only by losing a chunk to it and waiting out the stall limit.
+inline constexpr double kDownPathWeight = 0.0;
+// A path is down after this many probes in a row went unanswered (each waits out the echo
+// timeout), and up again after this many echoes in a row.
+inline constexpr std::uint64_t kDownAfterLostProbes = 3;
+inline constexpr std::uint64_t kUpAfterEchoes = 3;
 
 struct PathView {
   int peer = 0;
@@ -27,6 +35,7 @@ struct PathView {
   CongestionState state = CongestionState::kClear;
   std::string reason;
   double weight = 1.0;
+  bool down = false;  // no echo for kDownAfterLostProbes probes in a row
   // The channel's delivery rate as last judged (a round in which the path was busy; see
   // busyDeliveryRate); 0 until one was.
   double judgedBytesPerSec = 0;
@@ -44,7 +53,9 @@ struct PathEvent {
 // kCongestedPathWeight, clear ones 1. With every path congested all get kCongestedPathWeight:
 // equal weights, so nothing moves (there is nowhere better), and a path that stays congested
 // while another one comes and goes is never "raised" (see MultipathChannel::setPathWeights).
-std::vector<double> weightsFor(const std::vector<CongestionState>& states);
+// Paths marked in `down` (may be shorter than `states`) get kDownPathWeight while any path is
+// up, and count as neither clear nor congested; with every path down all are congested.
+std::vector<double> weightsFor(const std::vector<CongestionState>& states, const std::vector<bool>& down = {});
 
 class PathMonitor {
  public:

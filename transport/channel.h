@@ -66,8 +66,10 @@ class Channel {
 
   virtual int peerRank() const = 0;
   virtual std::vector<PathStats> pathStats() const = 0;
-  // Routing's preference per path (index as in pathStats; > 0, 1 = neutral, larger takes
-  // more). Thread-safe; extra entries are ignored, missing ones stay as they are.
+  // Routing's preference per path (index as in pathStats; 1 = neutral, larger takes more).
+  // 0 (or below) says routing sees the path down: it carries nothing while another usable
+  // path has a positive weight, and is used again when none has. Thread-safe; extra entries
+  // are ignored, missing ones stay as they are.
   virtual void setPathWeights(std::span<const double> weights) = 0;
   // The channel's sticky error (ok while usable).
   virtual Status health() const = 0;

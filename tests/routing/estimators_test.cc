@@ -96,12 +96,19 @@ TEST(PathEstimatorTest, CountsTimedOutProbesAsLost) {
   // Probe 3 went out at 3 ms: not lost at exactly the timeout, lost just after.
   e.expire(503 * kMs, 500 * kMs);
   EXPECT_EQ(e.figures(503 * kMs).loss, 0.0);
+  EXPECT_EQ(e.figures(503 * kMs).echoedInARow, 7u);
   e.expire(508 * kMs + 1, 500 * kMs);
   EXPECT_EQ(e.tracked(), 0u);
   PathFigures f = e.figures(600 * kMs);
   EXPECT_DOUBLE_EQ(f.loss, 0.3);
   EXPECT_EQ(f.sent, 10u);
   EXPECT_EQ(f.received, 7u);
+  EXPECT_EQ(f.lostInARow, 3u) << "probes 3, 6 and 8 timed out after the last echo";
+  EXPECT_EQ(f.echoedInARow, 0u);
+  e.onProbeSent(10, 600 * kMs);
+  ASSERT_TRUE(e.onEcho(10, 610 * kMs));
+  EXPECT_EQ(e.figures(610 * kMs).lostInARow, 0u) << "one echo ends the run of losses";
+  EXPECT_EQ(e.figures(610 * kMs).echoedInARow, 1u);
 }
 
 TEST(PathEstimatorTest, IgnoresLateDuplicateAndUnknownEchoes) {

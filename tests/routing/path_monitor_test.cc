@@ -31,6 +31,19 @@ TEST(PathWeightsTest, CongestedPathsKeepASmallShareUnlessAllAre) {
   EXPECT_TRUE(weightsFor({}).empty());
 }
 
+TEST(PathWeightsTest, DownPathsCarryNothingWhileAnotherPathIsUp) {
+  EXPECT_EQ(weightsFor({S::kClear, S::kClear}, {true, false}), (std::vector<double>{kDownPathWeight, 1}));
+  EXPECT_EQ(weightsFor({S::kClear, S::kCongested}, {false, true}), (std::vector<double>{1, kDownPathWeight}));
+  EXPECT_EQ(weightsFor({S::kClear, S::kCongested}, {true, false}),
+            (std::vector<double>{kDownPathWeight, kCongestedPathWeight}))
+      << "a down path is not the clear one the congested path would be compared with";
+  EXPECT_EQ(weightsFor({S::kCongested, S::kClear}, {true, true}),
+            (std::vector<double>{kCongestedPathWeight, kCongestedPathWeight}))
+      << "every path down: nowhere better, equal";
+  EXPECT_EQ(weightsFor({S::kClear, S::kClear, S::kClear}, {true}), (std::vector<double>{kDownPathWeight, 1, 1}))
+      << "a short `down` leaves the rest up";
+}
+
 constexpr milliseconds kInterval{10};
 constexpr microseconds kRtt{300};  // every echo's round trip in the test's time
 
@@ -119,6 +132,64 @@ TEST(PathMonitorTest, ALostPeerMakesItsPathsCongestedWithEqualWeights) {
   auto events = a.value()->events();
   ASSERT_GE(events.size(), 2u);
   EXPECT_EQ(events.back().state, S::kCongested);
+}
+
+// A plane cut between two ranks that exchange no data: the probes alone take the path out
+// (weight 0) once three in a row went unanswered, and put it back once three are echoed.
+TEST(PathMonitorTest, APathWhoseProbesGoUnansweredIsDownUntilItEchoesAgain) {
+  std::mutex mu;
+  std::vector<double> last;
+  auto record = [&](int, const std::vector<double>& w) {
+    std::lock_guard<std::mutex> lock(mu);
+    last = w;
+  };
+  auto lastWeights = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return last;
+  };
+  auto clock = std::make_shared<ManualClock>();
+  auto a = PathMonitor::create(options(0, clock), true, record);
+  auto b = PathMonitor::create(options(1, clock), false, nullptr);
+  // Path 1 leads to a socket that is never read: nothing there answers.
+  auto silent = Prober::create(options(2, clock));
+  ASSERT_TRUE(a.isOk() && b.isOk() && silent.isOk());
+  ASSERT_TRUE(a.value()->setPeer(1, {b.value()->endpoints()[0], silent.value()->endpoints()[1]}).isOk());
+  ASSERT_TRUE(b.value()->setPeer(0, a.value()->endpoints()).isOk());
+  // One interval in which only path 0 is answered.
+  auto halfRound = [&] {
+    a.value()->prober().probeRound();
+    ASSERT_TRUE(drain(b.value()->prober(), 1)) << "b never got path 0's request";
+    clock->advance(kRtt);
+    ASSERT_TRUE(drain(a.value()->prober(), 1)) << "a never got path 0's echo";
+    clock->advance(kInterval - kRtt);
+    a.value()->tick();
+  };
+  const std::int64_t start = clock->nowUs();
+  std::vector<PathView> paths;
+  for (int i = 0; i < 600; ++i) {
+    ASSERT_NO_FATAL_FAILURE(halfRound());
+    paths = a.value()->paths();
+    ASSERT_EQ(paths.size(), 2u);
+    if (paths[1].down) break;
+  }
+  ASSERT_TRUE(paths[1].down) << "6 s of unanswered probes";
+  EXPECT_GE(clock->nowUs() - start, 2'000'000) << "a probe is lost only after the echo timeout (2 s)";
+  EXPECT_GE(paths[1].figures.lostInARow, kDownAfterLostProbes);
+  EXPECT_FALSE(paths[0].down);
+  EXPECT_DOUBLE_EQ(paths[1].weight, kDownPathWeight);
+  EXPECT_EQ(lastWeights(), (std::vector<double>{1, kDownPathWeight})) << "path 0 is clear: it takes everything";
+
+  // The cut heals: path 1 leads to b again and is answered.
+  ASSERT_TRUE(a.value()->setPeer(1, b.value()->endpoints()).isOk());
+  for (std::uint64_t i = 1; i < kUpAfterEchoes; ++i) {
+    ASSERT_NO_FATAL_FAILURE(driveRound(*a.value(), b.value().get(), *clock));
+    EXPECT_TRUE(a.value()->paths()[1].down) << "up only after " << kUpAfterEchoes << " echoes in a row, not " << i;
+  }
+  ASSERT_NO_FATAL_FAILURE(driveRound(*a.value(), b.value().get(), *clock));
+  paths = a.value()->paths();
+  EXPECT_FALSE(paths[1].down);
+  EXPECT_GT(paths[1].weight, 0.0);
+  EXPECT_GT(lastWeights().at(1), 0.0);
 }
 
 TEST(PathMonitorTest, AChannelRateCollapseMovesTrafficOnceAndTheRateItRecoversWithIsTheNewNormal) {

@@ -227,6 +227,24 @@ TEST(MemoryChannelTest, RoutingWeightsShiftChunksBetweenEqualPaths) {
   EXPECT_GT(share0, 0.35) << "path 0 carried " << last[0] << " of " << last[0] + last[1] << " chunks";
 }
 
+// Weight 0 is routing saying the path is down (its probes go unanswered): it carries nothing
+// while another path is usable, and is used again, not left to hang the send, when none is.
+TEST(MemoryChannelTest, ADownWeightedPathCarriesNothingUnlessItIsTheLastOne) {
+  Pair p = connect(2);
+  const double path0Down[] = {0.0, 1.0};
+  p.ab->setPathWeights(path0Down);
+  EXPECT_EQ(p.ab->pathStats()[0].weight, 0.0);
+  auto last = sendMessages(p, 3, 64 * kChunk, 16);
+  EXPECT_EQ(last[0], 0u) << "a down path carried chunks";
+  EXPECT_EQ(last[1], 64u);
+  ASSERT_TRUE(p.a->cutPath(kSession, 1, 1).isOk());
+  last = sendMessages(p, 2, 64 * kChunk, 17);
+  EXPECT_EQ(last[0], 64u) << "the only path left must carry the message, down or not";
+  const double raised[] = {1.0, 1.0};
+  p.ab->setPathWeights(raised);
+  EXPECT_EQ(p.ab->pathStats()[0].weight, 1.0);
+}
+
 TEST(MemoryChannelTest, APathWhoseRateRecoversWinsItsShareBack) {
   Pair p = connect(2);
   p.net->setStepUs(1000);

@@ -273,8 +273,9 @@ std::vector<PathStats> MultipathChannel::pathStats() const {
 
 void MultipathChannel::setPathWeights(std::span<const double> weights) {
   for (std::size_t i = 0; i < weights.size() && i < paths_.size(); ++i) {
-    // A weight of zero or below would make a live path unusable: routing only ever prefers.
-    const double w = weights[i] > kMinPathWeight ? weights[i] : kMinPathWeight;
+    // Zero or below: down (schedule() still uses the path when nothing else is left); a
+    // positive weight is kept above the floor the scheduler's rate arithmetic needs.
+    const double w = weights[i] <= 0 ? 0.0 : std::max(weights[i], kMinPathWeight);
     // A path routing trusts more again gets a share it can be measured on: its estimate was
     // made while it was avoided and may be stuck too low to win any chunk (schedule()).
     if (w > paths_[i]->weight.exchange(w, std::memory_order_relaxed)) {
@@ -382,6 +383,11 @@ void MultipathChannel::schedule(std::int64_t nowUs) {
         loads[i].usable = true;
       }
     }
+  }
+  if (config_.adaptive &&
+      std::none_of(loads.begin(), loads.end(), [](const PathLoad& l) { return l.usable && l.weight > 0; })) {
+    // Every usable path is one routing sees down: they are better than none, alike.
+    for (auto& l : loads) l.weight = kMinPathWeight;
   }
   for (auto& msg : sending_) {
     for (std::uint32_t i = msg->firstPending; i < msg->chunkCount(); ++i) {
