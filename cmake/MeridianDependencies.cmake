@@ -25,6 +25,17 @@ find_package(prometheus-cpp CONFIG QUIET)  # prometheus-cpp-dev
 if(NOT prometheus-cpp_FOUND OR NOT TARGET prometheus-cpp::pull)
   message(FATAL_ERROR "prometheus-cpp not found: apt-get install prometheus-cpp-dev")
 endif()
+# libfabric: the RDMA paths (transport/fabric: verbs, efa, tcp;ofi_rxm, shm providers).
+# libibverbs: listing InfiniBand ports and their speeds beside it.
+find_package(PkgConfig REQUIRED)       # pkg-config
+pkg_check_modules(LIBFABRIC QUIET IMPORTED_TARGET libfabric>=1.17)
+if(NOT LIBFABRIC_FOUND)
+  message(FATAL_ERROR "libfabric >= 1.17 not found: apt-get install libfabric-dev")
+endif()
+pkg_check_modules(IBVERBS QUIET IMPORTED_TARGET libibverbs)
+if(NOT IBVERBS_FOUND)
+  message(FATAL_ERROR "libibverbs not found: apt-get install libibverbs-dev")
+endif()
 find_package(CLI11 CONFIG QUIET)      # libcli11-dev
 if(NOT CLI11_FOUND)
   find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp)
