@@ -150,6 +150,7 @@ struct Rail::Impl {
   std::uint64_t nextHandle = 1;
   std::uint64_t nextKey = 1;  // requested keys: unique per domain (1.17 refuses repeats)
   std::optional<RegistrationCache> cache;
+  std::vector<std::shared_ptr<void>> retired;  // freed after the endpoint closes
 
   Result<std::uint64_t> registerRange(std::uintptr_t base, std::size_t bytes) {
     iovec iov{reinterpret_cast<void*>(base), bytes};
@@ -384,6 +385,7 @@ Rail::~Rail() {
   // The endpoint first (nothing completes after it), then its registrations, then the rest.
   impl_->ep.reset();
   impl_->cache.reset();
+  impl_->retired.clear();
   impl_->cq.reset();
   impl_->av.reset();
   impl_->domain.reset();
@@ -505,6 +507,8 @@ std::size_t Rail::progress(std::size_t maxCompletions) {
   }
   return done;
 }
+
+void Rail::retire(std::shared_ptr<void> memory) { impl_->retired.push_back(std::move(memory)); }
 
 const Status& Rail::failure() const { return impl_->failure; }
 int Rail::waitFd() const { return impl_->waitFd; }

@@ -136,6 +136,9 @@ class Rail {
   Status postRecv(std::uint64_t tag, std::uint64_t ignore, void* buffer, std::size_t bytes, void* desc, RailOp& op);
   // Takes a posted receive back: it completes with canceled (unless it completed already).
   Status cancel(RailOp& op);
+  // Keeps `memory` alive until the rail is gone: what operations that may never complete
+  // (a send to a vanished peer) still point into, when its owner goes first.
+  void retire(std::shared_ptr<void> memory);
 
   // Reads up to `maxCompletions` completions and runs their handlers; returns how many.
   // A failure of the rail itself (not of an operation) is kept in failure() and logged once.

@@ -1,0 +1,227 @@
+// FabricPath: frames of a multipath channel over a libfabric rail (see path.h).
+#include "transport/fabric/path.h"
+
+#include <cstring>
+
+#include "core/clock.h"
+#include "core/log.h"
+
+namespace meridian::transport::fabric {
+
+Result<std::unique_ptr<FabricPath>> FabricPath::create(Rail& rail, RailPeer peer, std::uint64_t sendTag,
+                                                       std::uint64_t recvTag, ChannelEngine& engine,
+                                                       std::size_t index, FabricPathConfig config) {
+  if (config.sendSlots < 1 || config.recvSlots < 1 || config.chunkBytes == 0) {
+    return invalidArgument("a fabric path needs at least one send and one receive slot, and a chunk size");
+  }
+  if (kFrameHeaderBytes + config.chunkBytes > rail.info().maxMessageBytes) {
+    return invalidArgument("fabric {} carries messages of at most {} bytes; frames of {} do not fit",
+                           rail.info().provider, rail.info().maxMessageBytes, kFrameHeaderBytes + config.chunkBytes);
+  }
+  std::unique_ptr<FabricPath> p(new FabricPath(rail, peer, sendTag, recvTag, engine, index, config));
+  const std::size_t frame = kFrameHeaderBytes + config.chunkBytes;
+  const std::size_t chunkSlots = static_cast<std::size_t>(config.sendSlots);
+  const std::size_t controlSlots = chunkSlots;  // one acknowledgement per chunk the peer may have in flight
+  const std::size_t recvSlots = static_cast<std::size_t>(config.recvSlots);
+  p->arenaBytes_ = (chunkSlots + recvSlots) * frame + controlSlots * kFrameHeaderBytes;
+  p->arena_ = std::shared_ptr<std::uint8_t[]>(new std::uint8_t[p->arenaBytes_]());
+  MERIDIAN_ASSIGN_OR_RETURN(p->memory_, rail.registerMemory(p->arena_.get(), p->arenaBytes_));
+  p->slots_ = std::make_shared<std::vector<Slot>>(chunkSlots + controlSlots + recvSlots);
+  std::uint8_t* at = p->arena_.get();
+  std::size_t i = 0;
+  auto carve = [&](SlotKind kind, std::size_t count, std::size_t bytes) {
+    for (std::size_t k = 0; k < count; ++k, ++i) {
+      Slot& s = (*p->slots_)[i];
+      s.kind = kind;
+      s.buffer = at;
+      s.capacity = bytes;
+      s.op.handler = p.get();
+      s.op.cookie = i;
+      at += bytes;
+    }
+  };
+  carve(SlotKind::kChunk, chunkSlots, frame);
+  carve(SlotKind::kRecv, recvSlots, frame);
+  carve(SlotKind::kControl, controlSlots, kFrameHeaderBytes);
+  return p;
+}
+
+FabricPath::FabricPath(Rail& rail, RailPeer peer, std::uint64_t sendTag, std::uint64_t recvTag, ChannelEngine& engine,
+                       std::size_t index, FabricPathConfig config)
+    : rail_(rail), peer_(peer), sendTag_(sendTag), recvTag_(recvTag), engine_(engine), index_(index), config_(config) {}
+
+FabricPath::~FabricPath() {
+  if (!slots_) return;
+  for (Slot& s : *slots_) {
+    if (s.posted && s.kind == SlotKind::kRecv) (void)rail_.cancel(s.op);
+    s.op.handler = nullptr;  // completions from now on are nobody's
+  }
+  if (outstanding_ == 0) {
+    if (Status st = rail_.releaseMemory(memory_.handle); !st.isOk()) {
+      MLOG_WARN(kTransport, "fabric path {}: {}", index_, st.message());
+    }
+    return;
+  }
+  // The provider still holds operations (cancellations not yet reaped, sends to a peer that
+  // went away): their contexts and buffers stay with the rail until it closes.
+  rail_.retire(arena_);
+  rail_.retire(slots_);
+}
+
+void FabricPath::fail(const Status& why) {
+  if (failed_) return;
+  failed_ = true;
+  for (Slot& s : *slots_) {
+    if (s.posted && s.kind == SlotKind::kRecv) (void)rail_.cancel(s.op);
+  }
+  controls_.clear();
+  pendingChunk_ = nullptr;
+  pendingChunkRef_ = OutChunk{};
+  engine_.onPathFailed(index_, why, gotClose_);
+}
+
+Status FabricPath::postSend(Slot& s) {
+  const iovec iov[1] = {{s.buffer, s.frameBytes}};
+  void* const desc[1] = {memory_.desc};
+  Status st = rail_.postSend(peer_, sendTag_, iov, desc, s.op);
+  if (st.isOk()) {
+    s.posted = true;
+    ++outstanding_;
+  }
+  return st;
+}
+
+void FabricPath::repost(Slot& s) {
+  Status st = rail_.postRecv(recvTag_, 0, s.buffer, s.capacity, memory_.desc, s.op);
+  if (st.isOk()) {
+    s.posted = true;
+    ++outstanding_;
+  } else if (st.code() != StatusCode::kAgain) {
+    fail(st);
+  }
+}
+
+void FabricPath::pump(std::int64_t nowUs) {
+  if (failed_) return;
+  for (Slot& s : *slots_) {
+    if (s.kind == SlotKind::kRecv && !s.posted) repost(s);
+    if (failed_) return;
+  }
+  // Acknowledgements first: their senders wait for them.
+  for (Slot& s : *slots_) {
+    if (controls_.empty()) break;
+    if (s.kind != SlotKind::kControl || s.posted) continue;
+    const FrameHeaderBytes bytes = encodeFrameHeader(controls_.front());
+    std::memcpy(s.buffer, bytes.data(), bytes.size());
+    s.frameBytes = bytes.size();
+    Status st = postSend(s);
+    if (st.code() == StatusCode::kAgain) break;
+    if (!st.isOk()) return fail(st);
+    controls_.pop_front();
+  }
+  // A chunk the provider refused a moment ago goes before any new one.
+  if (pendingChunk_ != nullptr) {
+    Status st = postSend(*pendingChunk_);
+    if (st.code() == StatusCode::kAgain) return;
+    if (!st.isOk()) return fail(st);
+    engine_.onChunkWritten(index_, pendingChunkRef_, nowUs);
+    pendingChunk_ = nullptr;
+    pendingChunkRef_ = OutChunk{};
+  }
+  for (Slot& s : *slots_) {
+    if (s.kind != SlotKind::kChunk || s.posted) continue;
+    OutChunk c;
+    if (!engine_.nextChunk(index_, &c)) break;
+    const FrameHeader h = engine_.chunkHeader(c);
+    if (h.type != FrameType::kData) {
+      return fail(internalError("fabric path {}: a {} frame to send; fabric paths carry payloads", index_,
+                                static_cast<int>(h.type)));
+    }
+    const FrameHeaderBytes hb = encodeFrameHeader(h);
+    std::memcpy(s.buffer, hb.data(), hb.size());
+    std::uint64_t copied = 0;
+    while (copied < h.length) {
+      std::size_t n = 0;
+      const std::uint8_t* p = engine_.chunkPayload(c, copied, &n);
+      std::memcpy(s.buffer + kFrameHeaderBytes + copied, p, n);
+      copied += n;
+    }
+    s.frameBytes = kFrameHeaderBytes + h.length;
+    Status st = postSend(s);
+    if (st.code() == StatusCode::kAgain) {
+      pendingChunk_ = &s;
+      pendingChunkRef_ = std::move(c);
+      return;
+    }
+    if (!st.isOk()) return fail(st);
+    engine_.onChunkWritten(index_, c, nowUs);
+  }
+}
+
+void FabricPath::sayGoodbye() {
+  if (failed_) return;
+  FrameHeader close;
+  close.type = FrameType::kClose;
+  controls_.push_back(close);
+  pump(nowUs());
+}
+
+void FabricPath::onComplete(RailOp& op, const RailCompletion& completion) {
+  Slot& s = (*slots_)[op.cookie];
+  s.posted = false;
+  --outstanding_;
+  if (failed_) return;
+  if (!completion.status.isOk()) {
+    if (completion.canceled) return;
+    return fail(completion.status.withContext(fmt::format("fabric path {}", index_)));
+  }
+  if (s.kind == SlotKind::kRecv) {
+    onReceived(s, completion.bytes);
+    if (!failed_) repost(s);
+  }
+}
+
+void FabricPath::onReceived(Slot& s, std::size_t bytes) {
+  if (bytes < kFrameHeaderBytes) {
+    return fail(peerError("a fabric frame of {} bytes, shorter than its header", bytes));
+  }
+  auto h = decodeFrameHeader(std::span<const std::uint8_t>(s.buffer, kFrameHeaderBytes));
+  if (!h) return fail(h.status());
+  switch (h->type) {
+    case FrameType::kAck: {
+      if (bytes != kFrameHeaderBytes) return fail(peerError("an acknowledgement of {} bytes", bytes));
+      if (Status st = engine_.onAck(h.value(), index_, nowUs()); !st.isOk()) return fail(st);
+      return;
+    }
+    case FrameType::kClose:
+      gotClose_ = true;
+      return;
+    case FrameType::kData: {
+      if (bytes != kFrameHeaderBytes + h->length) {
+        return fail(peerError("a fabric frame of {} bytes whose header says {} of payload", bytes, h->length));
+      }
+      auto t = engine_.onDataHeader(h.value(), index_);
+      if (!t) {
+        engine_.fail(t.status());
+        return fail(t.status());
+      }
+      if (h->length > 0) {
+        if (std::uint8_t* dst = engine_.targetPointer(t.value(), 0)) {
+          std::memcpy(dst, s.buffer + kFrameHeaderBytes, h->length);
+        }
+      }
+      auto ack = engine_.onDataComplete(t.value(), index_);
+      if (!ack) {
+        engine_.fail(ack.status());
+        return fail(ack.status());
+      }
+      controls_.push_back(ack.value());
+      return;
+    }
+    default:
+      return fail(peerError("a frame of type {} on a fabric path, which carries no remote reads",
+                            static_cast<int>(h->type)));
+  }
+}
+
+}  // namespace meridian::transport::fabric

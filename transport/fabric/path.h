@@ -1,0 +1,97 @@
+// FabricPath: one path of a multipath channel over a libfabric rail. Every frame (a chunk
+// with its header, an acknowledgement, a goodbye) is one tagged message: frames to the
+// peer carry `sendTag`, frames from it `recvTag`, so many peers' paths share one rail and
+// a frame can only land on the path it was meant for.
+//
+// Buffers: the path owns a registered arena of frame slots: `sendSlots` for chunks, as
+// many small ones for acknowledgements, and `recvSlots` receives, each the size of the
+// largest frame (header + chunk), always posted. A chunk's payload is copied into its
+// slot when it is posted: the engine may finish the message on another path while the
+// provider still reads the slot, and the caller's buffer is theirs again then. (RDMA
+// without the copy needs the engine to hold a message's memory until every path let go of
+// it: docs/transport.md, "What an RDMA NIC changes".)
+//
+// Failure: an operation that fails (a completion error) fails the path; the engine moves
+// its chunks to the other paths. A peer that vanished without a word shows as a stall
+// (the engine's checkStalls): tcp;ofi_rxm keeps such sends queued for ever.
+//
+// Threads: the driver's (see engine.h): pump() and the rail's progress() from one thread
+// at a time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "transport/engine.h"
+#include "transport/fabric/rail.h"
+
+namespace meridian::transport::fabric {
+
+struct FabricPathConfig {
+  std::size_t chunkBytes = 512 * 1024;  // the channel's chunk size: frames are at most header + this
+  int sendSlots = 8;                    // chunks in flight on the path
+  int recvSlots = 8;                    // receives kept posted
+};
+
+class FabricPath final : public RailOpHandler {
+ public:
+  // Path `index` of the channel `engine` drives, to `peer` on `rail`. The rail outlives the
+  // path.
+  static Result<std::unique_ptr<FabricPath>> create(Rail& rail, RailPeer peer, std::uint64_t sendTag,
+                                                    std::uint64_t recvTag, ChannelEngine& engine, std::size_t index,
+                                                    FabricPathConfig config = {});
+  ~FabricPath() override;
+  FabricPath(const FabricPath&) = delete;
+  FabricPath& operator=(const FabricPath&) = delete;
+
+  // Posts what can go now: receives, acknowledgements, then chunks the engine has for this
+  // path, while slots are free and the provider takes them.
+  void pump(std::int64_t nowUs);
+  // Says goodbye (a CLOSE frame) so the peer takes the end as meant.
+  void sayGoodbye();
+  // Fails the path now (a cable pull; the engine hears of it).
+  void fail(const Status& why);
+  bool failed() const { return failed_; }
+  // Operations the provider still holds.
+  std::size_t outstanding() const { return outstanding_; }
+
+  void onComplete(RailOp& op, const RailCompletion& completion) override;
+
+ private:
+  enum class SlotKind : std::uint8_t { kChunk, kControl, kRecv };
+  struct Slot {
+    RailOp op;
+    SlotKind kind = SlotKind::kRecv;
+    std::uint8_t* buffer = nullptr;
+    std::size_t capacity = 0;
+    bool posted = false;
+    std::size_t frameBytes = 0;  // a send's
+  };
+  FabricPath(Rail& rail, RailPeer peer, std::uint64_t sendTag, std::uint64_t recvTag, ChannelEngine& engine,
+             std::size_t index, FabricPathConfig config);
+  Status postSend(Slot& s);
+  void onReceived(Slot& s, std::size_t bytes);
+  void repost(Slot& s);
+
+  Rail& rail_;
+  RailPeer peer_;
+  std::uint64_t sendTag_, recvTag_;
+  ChannelEngine& engine_;
+  std::size_t index_;
+  FabricPathConfig config_;
+  std::shared_ptr<std::uint8_t[]> arena_;
+  std::size_t arenaBytes_ = 0;
+  RailMemory memory_;
+  std::shared_ptr<std::vector<Slot>> slots_;  // fixed size: the provider holds pointers into it
+  std::deque<FrameHeader> controls_;  // acknowledgements (and a goodbye) waiting for a slot
+  Slot* pendingChunk_ = nullptr;      // filled, refused by the provider for now: goes first
+  OutChunk pendingChunkRef_;
+  std::size_t outstanding_ = 0;
+  bool failed_ = false;
+  bool gotClose_ = false;
+};
+
+}  // namespace meridian::transport::fabric
