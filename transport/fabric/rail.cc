@@ -19,6 +19,7 @@
 #include <optional>
 #include <type_traits>
 
+#include "core/knobs.h"
 #include "core/log.h"
 #include "transport/registration_cache.h"
 
@@ -107,11 +108,8 @@ bool validProviderName(const std::string& p) {
          std::all_of(p.begin(), p.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == ';' || c == '_' || c == '-'; });
 }
 
-std::string joined(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& i : items) out += (out.empty() ? "" : ", ") + i;
-  return out.empty() ? "none" : out;
-}
+// "a,b", or "none" (what an error lists as there).
+std::string listed(const std::vector<std::string>& items) { return items.empty() ? "none" : joinCommaList(items); }
 
 }  // namespace
 
@@ -199,12 +197,14 @@ struct Rail::Impl {
     switch (addrFormat) {
       case FI_SOCKADDR_IN: {
         sockaddr_in sa{};
+        if (n.size() < sizeof(sa)) return invalidArgument("a {} address of {} bytes", info.provider, n.size());
         std::memcpy(&sa, n.data(), sizeof(sa));
         if (sa.sin_family != AF_INET) return invalidArgument("a {} address that is not IPv4", info.provider);
         break;
       }
       case FI_SOCKADDR_IN6: {
         sockaddr_in6 sa{};
+        if (n.size() < sizeof(sa)) return invalidArgument("a {} address of {} bytes", info.provider, n.size());
         std::memcpy(&sa, n.data(), sizeof(sa));
         if (sa.sin6_family != AF_INET6) return invalidArgument("a {} address that is not IPv6", info.provider);
         break;
@@ -280,7 +280,7 @@ Result<std::unique_ptr<Rail>> Rail::open(const RailOptions& options) {
       return invalidArgument("fabric provider '{}' offers no tagged messages on reliable endpoints (FI_TAGGED, FI_EP_RDM)",
                              options.provider);
     }
-    return invalidArgument("libfabric has no provider '{}' here (it has: {})", options.provider, joined(providers()));
+    return invalidArgument("libfabric has no provider '{}' here (it has: {})", options.provider, listed(providers()));
   }
   if (rc != 0) return pathError("fi_getinfo for fabric provider '{}': {}", options.provider, fiText(rc));
 
@@ -304,7 +304,7 @@ Result<std::unique_ptr<Rail>> Rail::open(const RailOptions& options) {
   }
   if (chosen == nullptr) {
     return invalidArgument("fabric provider '{}' has no domain '{}' here (it has: {})", options.provider,
-                           options.domain, joined(domains));
+                           options.domain, listed(domains));
   }
 
   auto impl = std::make_unique<Impl>();
