@@ -149,9 +149,11 @@ void checkTrafficMovesOffACongestedPlane(LabSession& session, const lab::Topolog
   const double before = (topo.link(0, 0, 1).rateBitsPerSec + topo.link(1, 0, 1).rateBitsPerSec) / 8e9;
   Timeline adaptive = runTimeline(session, "MERIDIAN_ROUTING=adaptive MERIDIAN_ALGO=ring", 16, changes, 6, false);
   ASSERT_EQ(adaptive.code, 0) << adaptive.output;
-  ASSERT_GE(adaptive.rows.size(), 8u) << adaptive.output;
   const double steady = medianBusbw(adaptive.rows, 1.0, adaptive.changeAtSec);
   const double recovered = medianBusbw(adaptive.rows, adaptive.changeAtSec + 4, 1e9);
+  // Each median needs rows of its own (one op a row while an op takes over a second).
+  ASSERT_GT(steady, 0) << "no row before the change: " << adaptive.output;
+  ASSERT_GT(recovered, 0) << "no row from 4 s after the change on: " << adaptive.output;
   // The steady phase only shows the run is sound before the change (CI hosts measured 79-95%
   // of the bound here). The target, 80% of the bound after the change, is a figure for
   // the benchmark (bench/routing_lab_bench.sh recorded 87% and 89% in
@@ -172,6 +174,8 @@ void checkTrafficMovesOffACongestedPlane(LabSession& session, const lab::Topolog
   ASSERT_EQ(fixed.code, 0) << fixed.output;
   ASSERT_EQ(session.run(restore).code, 0);
   const double staticAfter = medianBusbw(fixed.rows, fixed.changeAtSec + 4, 1e9);
+  // -1 when static striping finished no op wholly inside that span (ops of 5 s and more
+  // under the flood): slower than anything adaptive routing finished there.
   if (staticFalls) {
     EXPECT_LT(staticAfter, 0.8 * after) << "static striping should not adapt: " << fixed.output;
     EXPECT_GT(recovered, 1.3 * staticAfter);

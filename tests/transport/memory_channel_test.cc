@@ -198,6 +198,32 @@ std::vector<std::uint64_t> sendMessages(Pair& p, int count, std::size_t bytes, s
   return last;
 }
 
+// The tail of a message on a path that stopped acknowledging (a plane swamped by
+// cross-traffic, its TCP backing off) while the other path has nothing to do: it moves
+// after a third of the stall limit, not the whole limit.
+TEST(MemoryChannelTest, MovesATailStuckOnOnePathSoonerWhileAnotherIsIdle) {
+  Pair p = connect(2, true, /*stallMs=*/3000);
+  p.net->setStepUs(1000);  // 32 KiB a step each: 32 MB/s, measured by the first messages
+  for (std::size_t path = 0; path < 2; ++path) {
+    ASSERT_TRUE(p.net->setFaults(kSession, 0, 1, path, PathFaults{.bytesPerStep = 32 * 1024}).isOk());
+  }
+  sendMessages(p, 4, 1 << 20, 21);
+  ASSERT_TRUE(p.net->setFaults(kSession, 0, 1, 0, PathFaults{.stalled = true}).isOk());
+  const auto data = pattern(16 * kChunk, 22);
+  std::vector<std::uint8_t> got(data.size());
+  auto r = p.ba->irecv(got.data(), got.size(), 22).value();
+  auto s = p.ab->isend(data.data(), data.size(), 22).value();
+  // 900 steps of 1 ms: path 1 is done with its share long before; path 0 holds the rest.
+  EXPECT_FALSE(p.net->runUntil([&] { return r->done(); }, 900)) << "path 0 is stalled: the message cannot be in yet";
+  EXPECT_FALSE(p.ab->pathStats()[0].stalled) << "0.9 s is under a third of the 3 s limit";
+  // Past a third of the limit (1 s) the tail goes again on the idle path.
+  ASSERT_TRUE(p.net->runUntil([&] { return r->done() && s->done(); }, 300)) << "the tail never moved";
+  ASSERT_TRUE(r->status().isOk()) << r->status().toString();
+  EXPECT_EQ(got, data);
+  EXPECT_TRUE(p.ab->pathStats()[0].stalled);
+  EXPECT_GE(p.ab->pathStats()[0].chunksResent, 1u);
+}
+
 TEST(MemoryChannelTest, PutsChunksWhereTheMeasuredRateIs) {
   Pair p = connect(2);
   p.net->setStepUs(1000);  // 64 KiB a step = 64 MB/s, 8 KiB = 8 MB/s

@@ -88,6 +88,7 @@ constexpr std::size_t kMaxTagMemo = 4096;  // tags remembered per direction (see
 constexpr double kStaticRateBytesPerSec = 1e9;
 constexpr double kMinPathWeight = 1e-3;  // any equal value: static striping ignores rates
 constexpr double kRaisedRateShareOfBest = 8;  // see schedule()
+constexpr std::int64_t kTailStallShare = 3;     // see stallLimitUs()
 }  // namespace
 
 MultipathChannel::MultipathChannel(int peerRank, std::vector<PathEndpoints> paths, MultipathConfig config,
@@ -593,27 +594,37 @@ EngineChannel makeMultipathChannel(int peerRank, std::vector<PathEndpoints> path
   return EngineChannel{ch, ch};
 }
 
-std::int64_t MultipathChannel::stallLimitUs(const PathState& p) const {
+std::int64_t MultipathChannel::stallLimitUs(const PathState& p, bool idleElsewhere) const {
   // A slow path that is alive may need longer than the limit for what is in flight on it (a
   // 512 KiB chunk takes 4 s at 1 Mbit/s): give it twice what its measured rate needs, up to
   // four limits, or it is declared stalled, its chunks are sent twice and it is dropped
   // until its next acknowledgement, over and over.
+  // While another usable path sits idle, the chunks on this one are the tail its messages
+  // wait for, and that path could carry them now: twice what the measured rate needs, from a
+  // third of the limit up to the limit. (A path swamped by cross-traffic loses segments
+  // and its TCP backs off for seconds; the lab saw one 16 MiB allreduce take 4.5 s that way.)
   const std::int64_t base = config_.pathStallUs;
   if (!p.rate.measured() || p.rate.bytesPerSec() <= 0) return base;
-  const double needUs = 2e6 * static_cast<double>(p.inFlightBytes) / p.rate.bytesPerSec();
-  return std::clamp(static_cast<std::int64_t>(needUs), base, 4 * base);
+  const auto needUs = static_cast<std::int64_t>(2e6 * static_cast<double>(p.inFlightBytes) / p.rate.bytesPerSec());
+  if (idleElsewhere) return std::clamp(needUs, base / kTailStallShare, base);
+  return std::clamp(needUs, base, 4 * base);
 }
 
 void MultipathChannel::checkStalls(std::int64_t nowUs) {
   for (std::size_t i = 0; i < paths_.size(); ++i) {
     PathState& p = *paths_[i];
     if (!p.alive.load(std::memory_order_relaxed) || p.stalled.load(std::memory_order_relaxed)) continue;
-    if (p.unackedBytes > 0 && nowUs - p.lastProgressUs > stallLimitUs(p)) {
-      std::size_t others = 0;
-      for (std::size_t j = 0; j < paths_.size(); ++j) {
-        if (j != i && paths_[j]->alive.load() && !paths_[j]->stalled.load()) ++others;
-      }
-      if (others == 0) continue;  // nowhere better to go: keep waiting on this one
+    if (p.unackedBytes == 0) continue;
+    std::size_t others = 0;
+    bool idleElsewhere = false;
+    for (std::size_t j = 0; j < paths_.size(); ++j) {
+      const PathState& q = *paths_[j];
+      if (j == i || !q.alive.load(std::memory_order_relaxed) || q.stalled.load(std::memory_order_relaxed)) continue;
+      ++others;
+      idleElsewhere = idleElsewhere || (q.unackedBytes == 0 && q.weight.load(std::memory_order_relaxed) > 0);
+    }
+    if (others == 0) continue;  // nowhere better to go: keep waiting on this one
+    if (nowUs - p.lastProgressUs > stallLimitUs(p, idleElsewhere)) {
       p.stalled.store(true, std::memory_order_relaxed);
       p.up->set(0);
       MLOG_WARN(kTransport, "path {} to rank {} stalled ({} bytes unacknowledged for {} ms); resending elsewhere", i,

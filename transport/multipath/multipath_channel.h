@@ -109,8 +109,9 @@ class MultipathChannel final : public Channel,
   // Takes newly posted receives in (binding those whose message came first).
   void drainPostedRecvs();
   void requeueChunksOf(std::size_t path);
-  // How long a path with bytes in flight may go without an acknowledgement (checkStalls).
-  std::int64_t stallLimitUs(const PathState& p) const;
+  // How long a path with bytes in flight may go without an acknowledgement (checkStalls);
+  // `idleElsewhere`: another usable path has nothing in flight.
+  std::int64_t stallLimitUs(const PathState& p, bool idleElsewhere) const;
   void matchReady(std::shared_ptr<InMessage> msg);
   bool canMatch(const InMessage& m) const;
   void markMatched(std::uint64_t seq);
