@@ -63,6 +63,16 @@
     "auto: ranks on one host (same boot, user, network and PID namespaces) that may read each "    \
     "other's memory move messages above 64 KiB by reading them from the sender (process_vm_readv), " \
     "one copy instead of loopback TCP's two; off: always through the sockets.")                    \
+  CHOICE(kFabric, "MERIDIAN_FABRIC", "auto", "auto|on|off",                                       \
+    "Fabric paths through libfabric beside the TCP paths of every channel: auto (only where a "    \
+    "real RDMA provider, verbs;ofi_rxm or efa, is present), on (the provider MERIDIAN_FABRIC_"     \
+    "PROVIDER names, or the best present; a rail that cannot open fails the device) or off.")       \
+  X(kFabricProvider, "MERIDIAN_FABRIC_PROVIDER", String, "",                                       \
+    "libfabric provider of the fabric paths: verbs;ofi_rxm, efa, tcp;ofi_rxm or shm (empty: the "  \
+    "best present, in that order; with auto, RDMA ones only).")                                    \
+  X(kFabricDomain, "MERIDIAN_FABRIC_DOMAIN", String, "",                                           \
+    "libfabric domain (NIC) of the fabric paths, as fi_info lists it (mlx5_0, lo); empty: the "   \
+    "first the provider offers.")                                                                   \
   CHOICE(kRelay, "MERIDIAN_RELAY", "auto", "auto|off",                                             \
     "auto: with adaptive routing, a channel adds a relay path through a third rank while its "     \
     "direct link is worse than two hops; off: never (every rank must agree).")                     \

@@ -67,6 +67,12 @@ struct DeviceOptions {
   // Metrics name the peer by its host instead of its rank: for callers whose "ranks" are not
   // stable names (the NCCL plugin's random connection ids).
   bool labelPeersByHost = false;
+  // Fabric paths beside the TCP paths (libfabric; transport/fabric/). TCP devices only.
+  struct Fabric {
+    std::string mode;              // MERIDIAN_FABRIC: auto, on or off
+    std::string provider;          // MERIDIAN_FABRIC_PROVIDER; empty: the best present
+    std::string domain;            // MERIDIAN_FABRIC_DOMAIN; empty: the provider's first
+  } fabric;
   struct Tcp {
     int streamsPerPath = 0;        // MERIDIAN_TCP_STREAMS
     int socketBufferBytes = 0;     // MERIDIAN_TCP_SOCKBUF_BYTES

@@ -40,6 +40,9 @@ struct PathEndpoints {
   // A relay slot: a path through a third node, down until onPathUp (the device opens and
   // closes it while the channel runs; see Device::openRelay).
   bool relay = false;
+  // Down until onPathUp, like a relay slot, but a direct path once up (a fabric path whose
+  // peer has not named its rail yet).
+  bool deferred = false;
 };
 
 // The protocol's settings; the backend fills them from its knobs.

@@ -17,7 +17,8 @@ namespace meridian::transport {
 
 inline constexpr std::uint16_t kFrameMagic = 0x464D;  // "MF"
 // 2: DATA-REF frames carry a RemoteRef (address and key) instead of a bare address.
-inline constexpr std::uint8_t kFrameVersion = 2;
+// 3: PATH-NAMES frames.
+inline constexpr std::uint8_t kFrameVersion = 3;
 inline constexpr std::size_t kFrameHeaderBytes = 56;
 inline constexpr std::uint32_t kMaxChunkBytes = 64u << 20;           // one chunk's payload
 inline constexpr std::uint64_t kMaxMessageBytes = 1ull << 40;        // one message (1 TiB)
@@ -35,7 +36,12 @@ enum class FrameType : std::uint8_t {
   // is a RemoteRef (kRemoteRefBytes) naming where the chunk's first byte lies in the sender,
   // not its `length` payload bytes.
   kDataRef = 4,
+  // The sender's fabric rail names (transport/fabric/link.h): `length` bytes follow, at
+  // most kMaxPathNamesPayloadBytes (totalBytes = length, offset 0). Once per channel, on its
+  // first TCP stream, from a sender that has rails: the receiver pairs its own with them.
+  kPathNames = 5,
 };
+inline constexpr std::uint32_t kMaxPathNamesPayloadBytes = 4096;
 
 // Where a DATA-REF chunk lies in the sender's memory: what every kind of remote read needs.
 // Same-host cross-memory attach uses the address (key 0); RDMA READ the address and the

@@ -1,6 +1,6 @@
 // libFuzzer target: arbitrary bytes as a peer's stream of frames, decoded and driven
 // through a real MultipathChannel exactly as the TCP engine does, plus the handshake
-// decoders. Finds crashes, unbounded allocations and broken invariants in every decoder
+// decoders and the fabric rail names (PATH-NAMES payloads). Finds crashes, unbounded allocations and broken invariants in every decoder
 // that reads the wire.
 #include <algorithm>
 #include <cstddef>
@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "transport/fabric/link.h"
 #include "transport/frame.h"
 #include "transport/multipath/multipath_channel.h"
 #include "transport/tcp/direct_read.h"
@@ -26,6 +27,7 @@ void fuzzHandshake(std::span<const std::uint8_t> in) {
   if (in.size() >= tcp::kAuthBytes) (void)tcp::verifyAuth("k", n, n, in.first(tcp::kAuthBytes));
   if (in.size() >= tcp::kResultBytes) (void)tcp::decodeResult(in.first(tcp::kResultBytes));
   (void)tcp::decodeDirectReadOffer(in.first(std::min<std::size_t>(in.size(), 300)));
+  (void)fabric::decodeRailNames(in.first(std::min<std::size_t>(in.size(), fabric::kMaxPathNamesBytes + 16)));
 }
 
 }  // namespace
@@ -59,6 +61,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       continue;
     }
     if (h->type == FrameType::kClose) continue;
+    if (h->type == FrameType::kPathNames) {  // the device decodes the payload as rail names
+      const std::size_t avail = std::min<std::size_t>(h->length, size - pos);
+      (void)fabric::decodeRailNames(in.subspan(pos, avail));
+      pos += avail;
+      continue;
+    }
     const bool ref = h->type == FrameType::kDataRef;  // a RemoteRef follows; the bytes are "read" from the input
     if (ref) {
       if (size - pos < kRemoteRefBytes) break;

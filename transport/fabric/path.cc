@@ -80,6 +80,11 @@ void FabricPath::fail(const Status& why) {
   engine_.onPathFailed(index_, why, gotClose_);
 }
 
+void FabricPath::end(const Status& why) {
+  gotClose_ = true;
+  fail(why);
+}
+
 Status FabricPath::postSend(Slot& s) {
   const iovec iov[1] = {{s.buffer, s.frameBytes}};
   void* const desc[1] = {memory_.desc};
@@ -119,6 +124,8 @@ void FabricPath::pump(std::int64_t nowUs) {
     if (!st.isOk()) return fail(st);
     controls_.pop_front();
   }
+  // After the goodbye nothing more goes out on the path.
+  if (closing_) return;
   // A chunk the provider refused a moment ago goes before any new one.
   if (pendingChunk_ != nullptr) {
     Status st = postSend(*pendingChunk_);
@@ -163,6 +170,7 @@ void FabricPath::sayGoodbye() {
   FrameHeader close;
   close.type = FrameType::kClose;
   controls_.push_back(close);
+  closing_ = true;
   pump(nowUs());
 }
 
@@ -194,8 +202,9 @@ void FabricPath::onReceived(Slot& s, std::size_t bytes) {
       return;
     }
     case FrameType::kClose:
-      gotClose_ = true;
-      return;
+      // The peer's last frame on this path (tagged messages between two endpoints arrive in
+      // order): there is no end of stream to wait for, as on TCP.
+      return end(pathError("the peer closed the fabric path"));
     case FrameType::kData: {
       if (bytes != kFrameHeaderBytes + h->length) {
         return fail(peerError("a fabric frame of {} bytes whose header says {} of payload", bytes, h->length));

@@ -50,10 +50,16 @@ class FabricPath final : public RailOpHandler {
   // Posts what can go now: receives, acknowledgements, then chunks the engine has for this
   // path, while slots are free and the provider takes them.
   void pump(std::int64_t nowUs);
-  // Says goodbye (a CLOSE frame) so the peer takes the end as meant.
+  // Says goodbye (a CLOSE frame, after the acknowledgements already queued) so the peer
+  // takes the end as meant; no chunk goes out after it. The provider may not take it at
+  // once: pump() and the rail's progress until !hasUnsentFrames().
   void sayGoodbye();
+  bool hasUnsentFrames() const { return !controls_.empty(); }
   // Fails the path now (a cable pull; the engine hears of it).
   void fail(const Status& why);
+  // Ends the path as the peer meant it (its goodbye came, here or on another path of the
+  // channel): the engine takes it as a graceful close.
+  void end(const Status& why);
   bool failed() const { return failed_; }
   // Operations the provider still holds.
   std::size_t outstanding() const { return outstanding_; }
@@ -92,6 +98,7 @@ class FabricPath final : public RailOpHandler {
   std::size_t outstanding_ = 0;
   bool failed_ = false;
   bool gotClose_ = false;
+  bool closing_ = false;  // the goodbye is queued or sent
 };
 
 }  // namespace meridian::transport::fabric

@@ -102,7 +102,7 @@ MultipathChannel::MultipathChannel(int peerRank, std::vector<PathEndpoints> path
   for (std::size_t i = 0; i < paths.size(); ++i) {
     auto p = std::make_unique<PathState>();
     p->endpoints = paths[i];
-    p->alive.store(!paths[i].relay, std::memory_order_relaxed);
+    p->alive.store(!paths[i].relay && !paths[i].deferred, std::memory_order_relaxed);
     MetricLabels labels{{"device", config_.deviceName},
                         {"peer", peer},
                         {"path", paths[i].relay ? std::string("relay") : std::to_string(i)}};
@@ -114,7 +114,7 @@ MultipathChannel::MultipathChannel(int peerRank, std::vector<PathEndpoints> path
         &reg.counter("meridian_transport_path_received_bytes_total", "Payload bytes received on a path", labels);
     p->failures = &reg.counter("meridian_transport_path_failures_total", "Times a path failed", labels);
     p->up = &reg.gauge("meridian_transport_path_up", "1 while a path is alive and not stalled", labels);
-    p->up->set(paths[i].relay ? 0 : 1);
+    p->up->set(paths[i].relay || paths[i].deferred ? 0 : 1);
     p->labels = std::move(labels);
     paths_.push_back(std::move(p));
   }
@@ -576,7 +576,12 @@ void MultipathChannel::onPathUp(std::size_t path, int via) {
   p.stalled.store(false, std::memory_order_relaxed);
   p.alive.store(true, std::memory_order_release);
   p.up->set(1);
-  MLOG_INFO(kTransport, "path {} to rank {} is up (relayed through rank {})", path, peerRank_, via);
+  if (via >= 0) {
+    MLOG_INFO(kTransport, "path {} to rank {} is up (relayed through rank {})", path, peerRank_, via);
+  } else {
+    MLOG_INFO(kTransport, "path {} ({} -> {}) to rank {} is up", path, p.endpoints.localAddress, p.endpoints.remoteAddress,
+              peerRank_);
+  }
 }
 
 void MultipathChannel::setPathTelemetry(std::size_t path, const PathTelemetry& figures) {

@@ -145,6 +145,7 @@ void TcpDevice::Impl::claimStreams() {
       std::lock_guard lock(cmdMu);
       if (!match->ready) {
         match->ready = true;
+        sendRailNames(*match);
         cmdCv.notify_all();
       }
     }
@@ -183,6 +184,7 @@ Result<std::pair<int, ChannelPtr>> TcpDevice::Impl::acceptAny(std::uint64_t sess
     for (const UnclaimedStream* u : streams) endpoints[u->info.pathIndex].remoteAddress = peerAddress(u->fd.get());
     auto entry = makeEntry(sessionId, rank, std::move(endpoints), {});
     for (std::size_t p = 0; p < paths; ++p) entry->expectedStreams[p] = want[p];
+    entry->initiatorRank = rank;
     entry->ready = true;
     for (auto it = unclaimed.begin(); it != unclaimed.end();) {
       if (it->info.sessionId == sessionId && it->info.rank == rank) {
@@ -192,6 +194,7 @@ Result<std::pair<int, ChannelPtr>> TcpDevice::Impl::acceptAny(std::uint64_t sess
         ++it;
       }
     }
+    sendRailNames(*entry);
     ChannelPtr channel = entry->channel;
     const int peer = rank;
     channels.push_back(std::move(entry));

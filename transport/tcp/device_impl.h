@@ -3,6 +3,7 @@
 //   acceptor.cc    listeners, the server side of the handshake, claiming accepted streams
 //   stream.cc      per-stream framing: reading and writing frames, acks, kernel figures
 //   relay.cc       splicing relay paths between two other ranks
+//   fabric.cc      fabric rails (libfabric) and the fabric paths of channels
 //   tcp_device.cc  the Device API
 // Private to transport/tcp; nothing outside includes it.
 #pragma once
@@ -28,6 +29,8 @@
 #include "core/log.h"
 #include "core/wire.h"
 #include "transport/engine.h"
+#include "transport/fabric/link.h"
+#include "transport/fabric/path.h"
 #include "transport/tcp/direct_read.h"
 #include "transport/tcp/endpoint.h"
 #include "transport/tcp/handshake.h"
@@ -128,6 +131,10 @@ struct Stream {
   bool writingRef = false;                     // the frame is a kDataRef: refOut is its payload
   RemoteRefBytes refOut{};
   int notsentLowat = 0;  // TCP_NOTSENT_LOWAT in force (0: none)
+  // A PATH-NAMES frame whose payload is still arriving.
+  bool namesPending = false;
+  std::vector<std::uint8_t> namesIn;
+  std::size_t namesGot = 0;
 };
 
 struct ChannelEntry {
@@ -142,9 +149,15 @@ struct ChannelEntry {
     Gauge* retransmits = nullptr;
   };
   std::vector<TcpGauges> tcpGauges;
-  std::vector<std::vector<std::unique_ptr<Stream>>> streams;  // [path][stream]
+  // The channel's paths: [0, directPaths) TCP, then the relay slot (MERIDIAN_RELAY), then
+  // one fabric path per rail from fabricBase on (down until the peer's rail names came).
+  std::vector<std::vector<std::unique_ptr<Stream>>> streams;  // [path][stream], TCP paths and the relay slot
   std::vector<int> expectedStreams;                           // per path; 0 = not known yet
   std::size_t directPaths = 0;                                // paths beyond these: the relay slot
+  std::size_t fabricBase = 0;
+  std::vector<std::unique_ptr<fabric::FabricPath>> fabric;    // [rail]; null until paired
+  bool railNamesSent = false, railNamesTaken = false;
+  int initiatorRank = 0;  // the rank that opened the channel (fabric path tags)
   std::vector<std::string> peerAddresses;                     // the peer's listen addresses
   std::int64_t readPid = 0;                                   // direct reads from this pid (0: none)
   bool ready = false;
@@ -237,6 +250,11 @@ struct TcpDevice::Impl {
   // Progress-thread state.
   std::map<int, std::unique_ptr<PendingHandshake>> handshakes;  // by fd
   std::vector<UnclaimedStream> unclaimed;
+  // Fabric rails (MERIDIAN_FABRIC; fabric.cc): declared before the channels, whose fabric
+  // paths point into them and go first. Touched only by whoever holds poller->mu.
+  std::vector<std::unique_ptr<fabric::Rail>> rails;
+  std::vector<std::string> railLabels;  // each rail's address, for the channels' path names
+  bool pollRails = false;  // some rail has no fd to sleep on: the loop polls it
   std::vector<std::unique_ptr<ChannelEntry>> channels;
   std::map<int, Stream*> streamsByFd;
   std::vector<std::unique_ptr<RelayEntry>> relays;
@@ -336,6 +354,23 @@ struct TcpDevice::Impl {
   void readTcpInfo(ChannelEntry& e);
   void shutdownAll();
   MultipathConfig channelConfig() const;
+
+  // ---- fabric paths (fabric.cc)
+  // Opens the rails MERIDIAN_FABRIC asks for (create; before the progress thread starts).
+  Status openRails();
+  // Sends this side's rail names on the channel's first stream (once, when it is ready).
+  void sendRailNames(ChannelEntry& e);
+  // The peer's rail names arrived: pairs rail k with the peer's rail k and brings the
+  // fabric paths up. A bad name keeps that path down (the channel goes on without it).
+  void takeRailNames(ChannelEntry& e, std::span<const std::uint8_t> bytes);
+  // One round of the rails' completions (before the events), and of every channel's
+  // fabric paths (after them).
+  void progressRails();
+  void pumpFabricPaths(ChannelEntry& e, std::int64_t now);
+  // The milliseconds the loop may sleep in epoll as far as the rails are concerned.
+  int railSleepMs(int wanted);
+  // Says goodbye on and drops every fabric path of the channel.
+  void closeFabricPaths(ChannelEntry& e);
 };
 
 }  // namespace meridian::transport::tcp

@@ -18,6 +18,9 @@ void TcpDevice::Impl::progressChannels() {
           failPath(*e, p, e->channel->health(), true);
         }
       }
+      for (auto& fp : e->fabric) {
+        if (fp && !fp->failed()) fp->fail(e->channel->health());
+      }
       continue;
     }
     if (stallCheck) ch.checkStalls(now);
@@ -28,6 +31,7 @@ void TcpDevice::Impl::progressChannels() {
         if (!s->dead) flushStream(*s);
       }
     }
+    pumpFabricPaths(*e, now);
   }
 }
 
@@ -36,6 +40,7 @@ void TcpDevice::Impl::processEvents(const epoll_event* events, int n) {
   for (auto& e : channels) {
     if (e->ready && !e->engine->failed()) e->engine->drainPosted();
   }
+  progressRails();
   for (int i = 0; i < n; ++i) {
     int fd = events[i].data.fd;
     std::uint32_t ev = events[i].events;
@@ -123,7 +128,12 @@ void TcpDevice::Impl::runRounds(epoll_event* events) {
         return !poller->othersPolling() || !running.load(std::memory_order_acquire);
       });
     }
-    int n = ::epoll_wait(epfd.get(), events, 64, others ? 0 : 10);
+    int sleepMs = others ? 0 : 10;
+    if (!rails.empty() && sleepMs > 0) {
+      std::lock_guard lock(poller->mu);
+      sleepMs = railSleepMs(sleepMs);
+    }
+    int n = ::epoll_wait(epfd.get(), events, 64, sleepMs);
     if (n < 0 && errno != EINTR) MLOG_ERROR(kTransport, "epoll_wait: {}", errnoText(errno));
     std::lock_guard lock(poller->mu);
     processEvents(events, std::max(n, 0));
@@ -157,6 +167,7 @@ void TcpDevice::Impl::shutdownAll() {
         shutdownStream(s->fd.get(), SHUT_WR);
       }
     }
+    closeFabricPaths(*e);
     e->engine->fail(commError("the transport device was closed"));
   }
   relaysByFd.clear();

@@ -42,6 +42,13 @@ void TcpDevice::Impl::failPath(ChannelEntry& e, std::size_t path, const Status& 
     if (!s->dead) closeStream(*s);
   }
   e.engine->onPathFailed(path, why, graceful);
+  // A goodbye on a direct TCP path means the peer closes the whole channel: its fabric paths
+  // end with it (a fabric path has no end of stream, and its own goodbye may be still queued).
+  if (graceful && path < e.directPaths) {
+    for (auto& fp : e.fabric) {
+      if (fp && !fp->failed()) fp->end(why);
+    }
+  }
 }
 
 void TcpDevice::Impl::readStream(Stream& s) {
@@ -70,7 +77,7 @@ void TcpDevice::Impl::readStream(Stream& s) {
       }
       ssize_t n = ::recv(s.fd.get(), dst, want, 0);
       if (n == 0) {
-        bool midFrame = s.inPayload || s.refPending || s.headerGot > 0 || s.rpos < s.rlen;
+        bool midFrame = s.inPayload || s.refPending || s.namesPending || s.headerGot > 0 || s.rpos < s.rlen;
         bool graceful = s.gotClose && !midFrame;
         failPath(e, s.path,
                  midFrame ? peerError("connection closed by rank {} in the middle of a frame (truncated)", e.peerRank)
@@ -94,6 +101,13 @@ void TcpDevice::Impl::readStream(Stream& s) {
     }
     // Consume buffered bytes (and finish a chunk completed by a direct read).
     while (!s.dead) {
+      if (s.namesPending) {
+        if (!s.takeBuffered(s.namesIn.data(), &s.namesGot, s.namesIn.size())) break;
+        s.namesPending = false;
+        takeRailNames(e, s.namesIn);
+        s.namesIn = {};
+        continue;
+      }
       if (s.refPending) {
         if (!s.takeBuffered(s.refIn, &s.refGot, kRemoteRefBytes)) break;
         s.refPending = false;
@@ -119,6 +133,19 @@ void TcpDevice::Impl::readStream(Stream& s) {
         }
         if (h->type == FrameType::kClose) {
           s.gotClose = true;
+          continue;
+        }
+        if (h->type == FrameType::kPathNames) {
+          if (s.path >= e.directPaths) {
+            // Relay streams run through a third rank: names come only on a direct path.
+            Status st = peerError("rank {} sent fabric rail names on relay path {}", e.peerRank, s.path);
+            MLOG_ERROR(kTransport, "{}; closing the connection", st.message());
+            failPath(e, s.path, st, false);
+            return;
+          }
+          s.namesIn.assign(h->length, 0);
+          s.namesGot = 0;
+          s.namesPending = true;
           continue;
         }
         if (h->type == FrameType::kDataRef) {

@@ -87,11 +87,13 @@ Result<std::unique_ptr<TcpDevice>> TcpDevice::create(DeviceOptions options) {
   if (!impl->epfd.valid() || !impl->waker->fd.valid()) return internalError("epoll/eventfd: {}", errnoText(errno));
   MERIDIAN_RETURN_IF_ERROR(impl->epollSet(impl->waker->fd.get(), EPOLLIN, true));
   for (auto& l : impl->listeners) MERIDIAN_RETURN_IF_ERROR(impl->epollSet(l.get(), EPOLLIN, true));
+  MERIDIAN_RETURN_IF_ERROR(impl->openRails());
   Impl* raw = impl.get();
   impl->poller->impl = raw;
   impl->thread = std::thread([raw] { raw->loop(); });
-  MLOG_INFO(kTransport, "TCP device {} listening on {} ({} streams per path)", raw->options.name,
-            fmt::join(raw->listenAddrs, ", "), raw->options.tcp.streamsPerPath);
+  MLOG_INFO(kTransport, "TCP device {} listening on {} ({} streams per path{})", raw->options.name,
+            fmt::join(raw->listenAddrs, ", "), raw->options.tcp.streamsPerPath,
+            raw->rails.empty() ? std::string() : fmt::format("; fabric on {}", joinCommaList(raw->railLabels)));
   return std::unique_ptr<TcpDevice>(new TcpDevice(std::move(impl)));
 }
 
@@ -183,6 +185,7 @@ Result<ChannelPtr> TcpDevice::openChannel(const ChannelSpec& spec, TimePoint dea
   }
   auto entry = d.makeEntry(spec.sessionId, spec.peerRank, std::move(endpoints), *peerAddresses, direct.peerReadsDirect);
   entry->readPid = direct.readPeerPid;
+  entry->initiatorRank = spec.initiate ? spec.selfRank : spec.peerRank;
   ChannelEntry* e = entry.get();
 
   if (spec.initiate) {
@@ -203,6 +206,7 @@ Result<ChannelPtr> TcpDevice::openChannel(const ChannelSpec& spec, TimePoint dea
       for (auto& [p, fd] : fds) d.attachStream(*e, std::move(fd), p);
       for (std::size_t p = 0; p < nPaths; ++p) e->expectedStreams[p] = d.options.tcp.streamsPerPath;
       e->ready = true;
+      d.sendRailNames(*e);
       d.channels.push_back(std::move(entry));
     });
   } else {
@@ -233,6 +237,15 @@ std::unique_ptr<ChannelEntry> TcpDevice::Impl::makeEntry(std::uint64_t sessionId
   if (options.relaySlot) endpoints.push_back({"", "relay", true});
   entry->streams.resize(endpoints.size());
   entry->expectedStreams.assign(endpoints.size(), 0);
+  entry->fabricBase = endpoints.size();
+  for (std::size_t k = 0; k < rails.size(); ++k) {
+    PathEndpoints fabricEnd;
+    fabricEnd.localAddress = railLabels[k];
+    fabricEnd.remoteAddress = fmt::format("rank {}'s rail {} ({})", peerRank, k, rails[k]->info().provider);
+    fabricEnd.deferred = true;
+    endpoints.push_back(std::move(fabricEnd));
+  }
+  entry->fabric.resize(rails.size());
   MultipathConfig config = channelConfig();
   config.peerReadsDirect = peerReadsDirect;
   if (options.labelPeersByHost && !endpoints.empty()) {
@@ -280,6 +293,7 @@ Status TcpDevice::closeChannel(std::uint64_t sessionId, int peerRank) {
           d.closeStream(*s);
         }
       }
+      d.closeFabricPaths(**it);
       (*it)->engine->fail(commError("the channel to rank {} was closed", peerRank));
       it = d.channels.erase(it);  // closes the streams
       result = Status::ok();
@@ -374,9 +388,15 @@ Status TcpDevice::cutPath(std::uint64_t sessionId, int peerRank, int pathIndex) 
   Status result = invalidArgument("no channel to rank {} in session {:x} with path {}", peerRank, sessionId, pathIndex);
   impl_->runOnProgress([&] {
     for (auto& e : impl_->channels) {
-      if (e->sessionId == sessionId && e->peerRank == peerRank && pathIndex >= 0 &&
-          static_cast<std::size_t>(pathIndex) < e->streams.size()) {
-        impl_->failPath(*e, static_cast<std::size_t>(pathIndex), pathError("path {} cut on purpose", pathIndex), false);
+      if (e->sessionId != sessionId || e->peerRank != peerRank || pathIndex < 0) continue;
+      const auto path = static_cast<std::size_t>(pathIndex);
+      const Status why = pathError("path {} cut on purpose", pathIndex);
+      if (path < e->streams.size()) {
+        impl_->failPath(*e, path, why, false);
+        result = Status::ok();
+      } else if (path >= e->fabricBase && path - e->fabricBase < e->fabric.size()) {
+        // A fabric path not yet paired is down already; a paired one fails now.
+        if (auto& fp = e->fabric[path - e->fabricBase]; fp && !fp->failed()) fp->fail(why);
         result = Status::ok();
       }
     }
