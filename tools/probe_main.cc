@@ -41,6 +41,9 @@
 #include "routing/planner.h"
 #include "routing/prober.h"
 #include "routing/regions.h"
+#include "transport/fabric/choose.h"
+#include "transport/fabric/ib_ports.h"
+#include "transport/fabric/rail.h"
 
 namespace {
 
@@ -336,8 +339,47 @@ void printReport(const json& report, const std::vector<RankInfo>& ranks, double 
   std::fflush(stdout);
 }
 
+// --fabric: what this host offers for fabric paths, and what MERIDIAN_FABRIC would take.
+int printFabric() {
+  namespace fabric = meridian::transport::fabric;
+  const std::vector<std::string> providers = fabric::Rail::providers();
+  std::printf("libfabric providers for fabric paths (RDM, tagged): %s\n",
+              providers.empty() ? "none" : joinCommaList(providers).c_str());
+  auto ports = fabric::listIbPorts();
+  if (!ports.isOk()) {
+    std::printf("InfiniBand ports: cannot list them: %s\n", ports.status().message().c_str());
+  } else if (ports->empty()) {
+    std::printf("InfiniBand ports: none (libibverbs lists no HCA on this host)\n");
+  } else {
+    std::printf("InfiniBand ports:\n");
+    for (const auto& p : ports.value()) std::printf("  %s\n", p.text().c_str());
+  }
+  auto mode = readKnobChoice(knobs::kFabric);
+  if (!mode.isOk()) throw std::runtime_error(mode.status().message());
+  auto choice = fabric::chooseFabricProvider(mode.value(), knobString(knobs::kFabricProvider), providers);
+  if (!choice.isOk()) {
+    std::printf("MERIDIAN_FABRIC=%s: %s\n", mode->c_str(), choice.status().message().c_str());
+    return 1;
+  }
+  std::printf("MERIDIAN_FABRIC=%s: %s\n", mode->c_str(), choice->why.c_str());
+  if (choice->provider.empty()) return 0;
+  fabric::RailOptions ro;
+  ro.provider = choice->provider;
+  ro.domain = knobString(knobs::kFabricDomain);
+  auto rail = fabric::Rail::open(ro);
+  if (!rail.isOk()) {
+    std::printf("  opening a rail: %s\n", rail.status().message().c_str());
+    return 1;
+  }
+  std::printf("  a rail opens: %s\n", rail.value()->describe().c_str());
+  return 0;
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"meridian-probe: live latency matrix between the ranks of a job, per plane"};
+  bool fabricOnly = false;
+  app.add_flag("--fabric", fabricOnly,
+               "Print this host's libfabric providers and InfiniBand ports, and what MERIDIAN_FABRIC would use; no job");
   double durationSec = 0, everySec = 2;
   std::string jsonPath;
   app.add_option("--duration", durationSec, "Stop after this many seconds (default: until Ctrl-C)");
@@ -349,6 +391,7 @@ int run(int argc, char** argv) {
                  "pair (0: not measured)")
       ->check(CLI::Range(0.0, 60.0));
   CLI11_PARSE(app, argc, argv);
+  if (fabricOnly) return printFabric();
 
   auto info = bootstrap::detectLaunch();
   if (!info.isOk()) throw std::runtime_error(info.status().message());

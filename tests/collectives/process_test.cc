@@ -93,7 +93,7 @@ struct LaunchResult {
   std::string error;
 };
 
-LaunchResult launchOnce(int worldSize, int port) {
+LaunchResult launchOnce(int worldSize, int port, const std::vector<std::string>& extraEnv) {
   LaunchResult result;
   const std::string tmpDir = ::testing::TempDir();
   // Environment: ours, minus any MERIDIAN_RANK/WORLD_SIZE/STORE, plus the rank's.
@@ -116,6 +116,7 @@ LaunchResult launchOnce(int worldSize, int port) {
     env.push_back(fmt::format("MERIDIAN_STORE=127.0.0.1:{}", port));
     env.push_back("MERIDIAN_RING_SEGMENT_BYTES=4096");
     env.push_back("MERIDIAN_TIMEOUT_MS=60000");
+    env.insert(env.end(), extraEnv.begin(), extraEnv.end());
     // Same host, same user and namespaces: the ranks must find that they read each other.
     env.push_back(fmt::format("MERIDIAN_TEST_EXPECT_ONE_HOST={}", siblingsReadEachOther() ? 1 : 0));
     std::vector<char*> envp;
@@ -184,13 +185,13 @@ void sayWhenDirectReadsAreUntested() {
   ::testing::Test::RecordProperty("direct_reads", why);
 }
 
-void runWorld(int worldSize) {
+void runWorld(int worldSize, const std::vector<std::string>& extraEnv = {}) {
   if (worldSize > 1) sayWhenDirectReadsAreUntested();
   LaunchResult result;
   for (int attempt = 0; attempt < 5; ++attempt) {
     const int port = freeLoopbackPort();
     ASSERT_GT(port, 0) << "no free loopback port";
-    result = launchOnce(worldSize, port);
+    result = launchOnce(worldSize, port, extraEnv);
     if (result.error != "port taken") break;
   }
   ASSERT_TRUE(result.error.empty() || result.error == "port taken") << result.error;
@@ -211,5 +212,13 @@ void runWorld(int worldSize) {
 TEST(CollectivesProcessTest, OneRank) { runWorld(1); }
 TEST(CollectivesProcessTest, TwoRanks) { runWorld(2); }
 TEST(CollectivesProcessTest, ThreeRanks) { runWorld(3); }
+// Every collective over channels of one TCP path and one fabric path (libfabric's real
+// providers; the worker checks that each fabric path carried chunks).
+TEST(CollectivesProcessTest, ThreeRanksWithFabricPathsOnTcpOfiRxm) {
+  runWorld(3, {"MERIDIAN_FABRIC=on", "MERIDIAN_FABRIC_PROVIDER=tcp;ofi_rxm", "MERIDIAN_TEST_EXPECT_FABRIC=1"});
+}
+TEST(CollectivesProcessTest, ThreeRanksWithFabricPathsOnShm) {
+  runWorld(3, {"MERIDIAN_FABRIC=on", "MERIDIAN_FABRIC_PROVIDER=shm", "MERIDIAN_TEST_EXPECT_FABRIC=1"});
+}
 
 }  // namespace

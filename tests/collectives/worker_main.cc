@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "collectives/algorithms/algorithm.h"
 #include "collectives/communicator.h"
 #include "tests/common/collective_checks.h"
@@ -55,6 +57,18 @@ int main() {
   check(checkBarrier(c, 3));
   check(checkSendRecv(c, 70000, DataType::kF32));
   check(checkAsyncBatch(c, 5000, DataType::kI32));
+  // With fabric paths asked for (MERIDIAN_FABRIC=on), every peer's channel must have carried
+  // chunks on one: the last path of each channel is its fabric path.
+  if (const char* expect = std::getenv("MERIDIAN_TEST_EXPECT_FABRIC"); expect != nullptr && std::string(expect) == "1") {
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == c.rank()) continue;
+      const auto stats = c.peerPathStats(peer);
+      if (stats.empty() || !stats.back().alive || stats.back().chunksSent == 0) {
+        failures.push_back(fmt::format("the fabric path to rank {} {}", peer,
+                                       stats.empty() ? "is missing" : stats.back().alive ? "carried nothing" : "is down"));
+      }
+    }
+  }
   for (const auto& f : failures) std::fprintf(stderr, "rank %d: %s\n", c.rank(), f.c_str());
   return failures.empty() ? 0 : 1;
 }

@@ -112,8 +112,9 @@ TEST(NcclPluginTest, ConformanceInOneProcessAlternatingOnOneThread) {
 }
 
 // Two fresh processes (meridian-nccl-check, as a user runs it between two hosts): each loads
-// its own copy of the plugin, the listener hands its handle over through a file.
-TEST(NcclPluginTest, ConformanceBetweenTwoProcesses) {
+// its own copy of the plugin, the listener hands its handle over through a file. `env`
+// goes before both commands (knobs); both outputs come back.
+void runConformanceBetweenTwoProcesses(const std::string& env, std::string* listenOut, std::string* connectOut) {
   // Named for this process: a run of the same test beside it (another checkout on the same
   // machine) must not hand its handle or its done-files to this one.
   const std::string handle = fmt::format("{}/nccl-check-handle-{}", ::testing::TempDir(), ::getpid());
@@ -123,26 +124,46 @@ TEST(NcclPluginTest, ConformanceBetweenTwoProcesses) {
   // An earlier run's files would hand the connector an old handle: gone before the listener
   // starts, so the handle that appears is this listener's.
   removeFiles();
-  std::string listenOut, connectOut;
   std::atomic<bool> listenerDone{false};
   std::thread listener([&] {
-    listenOut = run(fmt::format("{} --listen --handle-file {} 2>&1; echo exit=$?", MERIDIAN_CHECK_BIN, handle));
+    *listenOut = run(fmt::format("{} {} --listen --handle-file {} 2>&1; echo exit=$?", env, MERIDIAN_CHECK_BIN, handle));
     listenerDone = true;
   });
   // The listener writes its handle atomically once it listens (or fails and exits).
   const bool handed = meridian::testing::pollUntil(
       [&] { return std::filesystem::exists(handle) || listenerDone.load(); }, std::chrono::seconds(60));
   if (handed && std::filesystem::exists(handle)) {
-    connectOut = run(fmt::format("{} --connect --handle-file {} 2>&1; echo exit=$?", MERIDIAN_CHECK_BIN, handle));
+    *connectOut = run(fmt::format("{} {} --connect --handle-file {} 2>&1; echo exit=$?", env, MERIDIAN_CHECK_BIN, handle));
   }
   listener.join();
   removeFiles();
   ASSERT_TRUE(handed) << "no handle at " << handle << " after 60 s";
-  EXPECT_NE(listenOut.find("receiver passed"), std::string::npos) << listenOut;
-  EXPECT_NE(listenOut.find("exit=0"), std::string::npos) << listenOut;
-  EXPECT_NE(connectOut.find("sender passed"), std::string::npos) << connectOut;
-  EXPECT_NE(connectOut.find("exit=0"), std::string::npos) << connectOut;
+  EXPECT_NE(listenOut->find("receiver passed"), std::string::npos) << *listenOut;
+  EXPECT_NE(listenOut->find("exit=0"), std::string::npos) << *listenOut;
+  EXPECT_NE(connectOut->find("sender passed"), std::string::npos) << *connectOut;
+  EXPECT_NE(connectOut->find("exit=0"), std::string::npos) << *connectOut;
 }
+
+TEST(NcclPluginTest, ConformanceBetweenTwoProcesses) {
+  std::string listenOut, connectOut;
+  runConformanceBetweenTwoProcesses("", &listenOut, &connectOut);
+}
+
+// The same with a fabric path beside the TCP path of every connection (libfabric's real
+// providers): both sides say their rail opened and the fabric path came up.
+void runConformanceWithFabric(const char* provider) {
+  std::string listenOut, connectOut;
+  runConformanceBetweenTwoProcesses(
+      fmt::format("env NCCL_DEBUG=INFO MERIDIAN_LOG=info:transport MERIDIAN_FABRIC=on 'MERIDIAN_FABRIC_PROVIDER={}'", provider),
+      &listenOut, &connectOut);
+  for (const std::string* out : {&listenOut, &connectOut}) {
+    EXPECT_NE(out->find(fmt::format("fabric rail {}", provider)), std::string::npos) << *out;
+    EXPECT_NE(out->find("rail 0 (" + std::string(provider) + ")) to rank"), std::string::npos)
+        << "no fabric path came up:\n" << *out;
+  }
+}
+TEST(NcclPluginTest, ConformanceBetweenTwoProcessesWithFabricPathsOnTcpOfiRxm) { runConformanceWithFabric("tcp;ofi_rxm"); }
+TEST(NcclPluginTest, ConformanceBetweenTwoProcessesWithFabricPathsOnShm) { runConformanceWithFabric("shm"); }
 
 TEST(NcclPluginTest, BadUseReturnsTheDocumentedErrors) {
   conformance::Plugin p;

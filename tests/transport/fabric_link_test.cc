@@ -4,6 +4,7 @@
 
 #include <set>
 
+#include "transport/fabric/choose.h"
 #include "transport/fabric/link.h"
 
 namespace meridian::transport::fabric {
@@ -75,6 +76,38 @@ TEST(FabricPathTagTest, TagsDifferByDirectionPathSessionInitiatorAndSecretAndFit
   }
   EXPECT_EQ(tags.size(), 6u) << "two paths share a tag";
   EXPECT_EQ(base, fabricPathTag("s", 1, 0, 0, a, b)) << "both ends must compute the same tag";
+}
+
+TEST(ChooseFabricProviderTest, AutoTakesRdmaOnlyAndOnTakesTheBestPresent) {
+  const std::vector<std::string> here{"shm", "tcp;ofi_rxm"};  // this machine
+  const std::vector<std::string> ib{"shm", "tcp;ofi_rxm", "verbs;ofi_rxm"};
+  auto pick = [](std::string_view mode, std::string_view named, const std::vector<std::string>& present) {
+    auto c = chooseFabricProvider(mode, named, present);
+    EXPECT_TRUE(c.isOk()) << c.status().toString();
+    return c.isOk() ? c->provider : std::string("<error>");
+  };
+  EXPECT_EQ(pick("auto", "", here), "") << "no RDMA here: TCP only";
+  EXPECT_EQ(pick("auto", "", ib), "verbs;ofi_rxm");
+  EXPECT_EQ(pick("auto", "", {"efa", "shm"}), "efa");
+  EXPECT_EQ(pick("auto", "tcp;ofi_rxm", here), "") << "auto leaves a named non-RDMA provider alone";
+  EXPECT_EQ(pick("auto", "efa", here), "efa") << "a named RDMA provider is tried (opening it says it is absent)";
+  EXPECT_EQ(pick("on", "", here), "tcp;ofi_rxm");
+  EXPECT_EQ(pick("on", "", ib), "verbs;ofi_rxm");
+  EXPECT_EQ(pick("on", "", {"shm"}), "shm");
+  EXPECT_EQ(pick("on", "shm", ib), "shm");
+  EXPECT_EQ(pick("off", "verbs;ofi_rxm", ib), "");
+  auto why = chooseFabricProvider("auto", "", here);
+  ASSERT_TRUE(why.isOk());
+  EXPECT_NE(why->why.find("offers: shm,tcp;ofi_rxm"), std::string::npos) << "say what is there: " << why->why;
+}
+
+TEST(ChooseFabricProviderTest, OnWithNothingPresentAndAnUnknownModeAreErrors) {
+  auto none = chooseFabricProvider("on", "", {});
+  ASSERT_FALSE(none.isOk());
+  EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument);
+  auto bad = chooseFabricProvider("yes", "", {"shm"});
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("auto, on, off"), std::string::npos) << bad.status().message();
 }
 
 }  // namespace

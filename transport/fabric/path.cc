@@ -139,7 +139,11 @@ void FabricPath::pump(std::int64_t nowUs) {
     if (s.kind != SlotKind::kChunk || s.posted) continue;
     OutChunk c;
     if (!engine_.nextChunk(index_, &c)) break;
-    const FrameHeader h = engine_.chunkHeader(c);
+    FrameHeader h = engine_.chunkHeader(c);
+    // A chunk the peer could read from this process itself (same-host direct reads) goes
+    // with its payload here: fabric paths carry payloads, and the message's memory is there
+    // until the peer acknowledges the chunk either way.
+    if (h.type == FrameType::kDataRef) h.type = FrameType::kData;
     if (h.type != FrameType::kData) {
       return fail(internalError("fabric path {}: a {} frame to send; fabric paths carry payloads", index_,
                                 static_cast<int>(h.type)));

@@ -2,17 +2,14 @@
 // rail names each side of a channel sends the other on the channel's first TCP stream
 // (authenticated by the handshake), and the fabric paths that pair them, driven by the
 // device's progress like its streams. See docs/transport.md, "Fabric paths".
-#include <array>
 #include <atomic>
 
+#include "transport/fabric/choose.h"
 #include "transport/tcp/device_impl.h"
 
 namespace meridian::transport::tcp {
 namespace {
 
-// The providers fabric paths use, best first; the first two are RDMA.
-constexpr std::array<std::string_view, 4> kProviderPreference = {"verbs;ofi_rxm", "efa", "tcp;ofi_rxm", "shm"};
-bool isRdmaProvider(std::string_view p) { return p == "verbs;ofi_rxm" || p == "efa"; }
 // Provider choices are said once per process (the NCCL plugin opens several devices).
 std::atomic<bool> saidFabricChoice{false};
 // Frames a fabric path keeps in flight each way: with 512 KiB chunks, 4 MiB registered per
@@ -30,35 +27,13 @@ bool firstSay() { return !saidFabricChoice.exchange(true); }
 Status TcpDevice::Impl::openRails() {
   const auto& f = options.fabric;
   if (f.mode == "off") return Status::ok();
-  const std::vector<std::string> present = fabric::Rail::providers();
-  const std::string have = present.empty() ? std::string("none") : joinCommaList(present);
-  auto isPresent = [&](std::string_view p) { return std::find(present.begin(), present.end(), p) != present.end(); };
-  std::string provider = f.provider;
-  if (provider.empty()) {
-    for (std::string_view p : kProviderPreference) {
-      if (f.mode == "auto" && !isRdmaProvider(p)) break;
-      if (isPresent(p)) {
-        provider = std::string(p);
-        break;
-      }
-    }
-    if (provider.empty() && f.mode == "auto") {
-      if (firstSay()) {
-        MLOG_INFO(kTransport, "fabric paths: no RDMA provider (verbs;ofi_rxm, efa) here (libfabric offers: {}); "
-                  "TCP paths only", have);
-      }
-      return Status::ok();
-    }
-    if (provider.empty()) {
-      return invalidArgument("MERIDIAN_FABRIC=on, but libfabric offers no provider for fabric paths here ({})", have);
-    }
-  } else if (f.mode == "auto" && !isRdmaProvider(provider)) {
-    if (firstSay()) {
-      MLOG_INFO(kTransport, "fabric paths: MERIDIAN_FABRIC_PROVIDER={} is not RDMA, and MERIDIAN_FABRIC=auto uses "
-                "RDMA providers only (MERIDIAN_FABRIC=on uses it); TCP paths only", provider);
-    }
+  MERIDIAN_ASSIGN_OR_RETURN(const fabric::FabricChoice choice,
+                            fabric::chooseFabricProvider(f.mode, f.provider, fabric::Rail::providers()));
+  if (choice.provider.empty()) {
+    if (firstSay()) MLOG_INFO(kTransport, "fabric paths: {}", choice.why);
     return Status::ok();
   }
+  const std::string& provider = choice.provider;
   fabric::RailOptions ro;
   ro.provider = provider;
   ro.domain = f.domain;
