@@ -58,14 +58,14 @@ int main() {
   check(checkSendRecv(c, 70000, DataType::kF32));
   check(checkAsyncBatch(c, 5000, DataType::kI32));
   // With fabric paths asked for (MERIDIAN_FABRIC=on), every peer's channel must have carried
-  // chunks on one: the last path of each channel is its fabric path.
+  // chunks on one: the last path of each channel is its fabric path. (Whether it is still up
+  // says nothing: a peer that finished first has closed it.)
   if (const char* expect = std::getenv("MERIDIAN_TEST_EXPECT_FABRIC"); expect != nullptr && std::string(expect) == "1") {
     for (int peer = 0; peer < n; ++peer) {
       if (peer == c.rank()) continue;
       const auto stats = c.peerPathStats(peer);
-      if (stats.empty() || !stats.back().alive || stats.back().chunksSent == 0) {
-        failures.push_back(fmt::format("the fabric path to rank {} {}", peer,
-                                       stats.empty() ? "is missing" : stats.back().alive ? "carried nothing" : "is down"));
+      if (stats.empty() || stats.back().chunksSent == 0) {
+        failures.push_back(fmt::format("the fabric path to rank {} {}", peer, stats.empty() ? "is missing" : "carried nothing"));
       }
     }
   }

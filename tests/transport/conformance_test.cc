@@ -13,6 +13,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "tests/common/poll.h"
@@ -40,6 +41,18 @@ std::string kindName(const ::testing::TestParamInfo<Kind>& info) {
   return n;
 }
 
+// Opens a channel between devices made with `a` and `b`; returns both ends.
+std::pair<ChannelPtr, ChannelPtr> openPair(TcpDevice& a, TcpDevice& b, std::uint64_t session) {
+  const auto deadline = Clock::now() + kTimeout;
+  Result<ChannelPtr> ba = internalError("not run");
+  std::thread acceptor([&] { ba = b.openChannel({session, 1, 0, false, a.endpoint()}, deadline); });
+  auto ab = a.openChannel({session, 0, 1, true, b.endpoint()}, deadline);
+  acceptor.join();
+  EXPECT_TRUE(ab.isOk()) << ab.status().toString();
+  EXPECT_TRUE(ba.isOk()) << ba.status().toString();
+  return {ab.isOk() ? ab.value() : nullptr, ba.isOk() ? ba.value() : nullptr};
+}
+
 class ConformanceTest : public ::testing::TestWithParam<Kind> {
  protected:
   void SetUp() override {
@@ -62,15 +75,8 @@ class ConformanceTest : public ::testing::TestWithParam<Kind> {
       ASSERT_TRUE(dev.isOk()) << dev.status().toString();
       dev_[side] = std::move(dev.value());
     }
-    const auto deadline = Clock::now() + kTimeout;
-    Result<ChannelPtr> ba = internalError("not run");
-    std::thread acceptor([&] { ba = dev_[1]->openChannel({kSession, 1, 0, false, dev_[0]->endpoint()}, deadline); });
-    auto ab = dev_[0]->openChannel({kSession, 0, 1, true, dev_[1]->endpoint()}, deadline);
-    acceptor.join();
-    ASSERT_TRUE(ab.isOk()) << ab.status().toString();
-    ASSERT_TRUE(ba.isOk()) << ba.status().toString();
-    ch_[0] = ab.value();
-    ch_[1] = ba.value();
+    std::tie(ch_[0], ch_[1]) = openPair(*dev_[0], *dev_[1], kSession);
+    ASSERT_TRUE(ch_[0] && ch_[1]);
     if (fabric()) {
       // The fabric path comes up once each side has the other's rail name.
       ASSERT_TRUE(pollUntil([&] { return ch_[0]->pathStats().size() == 2 && ch_[0]->pathStats()[kFabricPath].alive &&
@@ -262,18 +268,6 @@ TEST(FabricDeviceTest, AModeOutsideAutoOnOffIsRefused) {
   auto dev = TcpDevice::create(fabricOptions("maybe", ""));
   ASSERT_FALSE(dev.isOk());
   EXPECT_NE(dev.status().message().find("MERIDIAN_FABRIC"), std::string::npos) << dev.status().message();
-}
-
-// Opens a channel between devices made with `a` and `b`; returns both ends.
-std::pair<ChannelPtr, ChannelPtr> openPair(TcpDevice& a, TcpDevice& b, std::uint64_t session) {
-  const auto deadline = Clock::now() + kTimeout;
-  Result<ChannelPtr> ba = internalError("not run");
-  std::thread acceptor([&] { ba = b.openChannel({session, 1, 0, false, a.endpoint()}, deadline); });
-  auto ab = a.openChannel({session, 0, 1, true, b.endpoint()}, deadline);
-  acceptor.join();
-  EXPECT_TRUE(ab.isOk()) << ab.status().toString();
-  EXPECT_TRUE(ba.isOk()) << ba.status().toString();
-  return {ab.isOk() ? ab.value() : nullptr, ba.isOk() ? ba.value() : nullptr};
 }
 
 // auto uses RDMA providers only: a named tcp;ofi_rxm is left alone, and channels are TCP only.

@@ -1,8 +1,25 @@
 #include "transport/fabric/link.h"
 
 #include "core/secret.h"
+#include "core/wire.h"
 
 namespace meridian::transport::fabric {
+namespace {
+
+// Appends `v` little-endian (core/wire.h's layout).
+template <typename T>
+void append(std::vector<std::uint8_t>& out, T v) {
+  const std::size_t at = out.size();
+  out.resize(at + sizeof(T));
+  wire::store<T>(out.data() + at, v);
+}
+
+void appendName(std::vector<std::uint8_t>& out, std::span<const std::uint8_t> name) {
+  append<std::uint16_t>(out, static_cast<std::uint16_t>(name.size()));
+  out.insert(out.end(), name.begin(), name.end());
+}
+
+}  // namespace
 
 Result<std::vector<std::uint8_t>> encodeRailNames(std::span<const RailName> names) {
   if (names.size() > kMaxRails) return invalidArgument("{} fabric rails; at most {}", names.size(), kMaxRails);
@@ -12,9 +29,7 @@ Result<std::vector<std::uint8_t>> encodeRailNames(std::span<const RailName> name
     if (n.empty() || n.size() > kMaxRailNameBytes) {
       return invalidArgument("a fabric rail name of {} bytes (1 to {})", n.size(), kMaxRailNameBytes);
     }
-    out.push_back(static_cast<std::uint8_t>(n.size() & 0xff));
-    out.push_back(static_cast<std::uint8_t>(n.size() >> 8));
-    out.insert(out.end(), n.begin(), n.end());
+    appendName(out, n);
   }
   return out;
 }
@@ -27,7 +42,7 @@ Result<std::vector<RailName>> decodeRailNames(std::span<const std::uint8_t> byte
   std::size_t at = 1;
   for (std::size_t i = 0; i < count; ++i) {
     if (bytes.size() - at < 2) return peerError("fabric rail name {} of {}: its length is missing", i, count);
-    const std::size_t len = static_cast<std::size_t>(bytes[at]) | (static_cast<std::size_t>(bytes[at + 1]) << 8);
+    const std::size_t len = wire::load<std::uint16_t>(bytes.data() + at);
     at += 2;
     if (len == 0 || len > kMaxRailNameBytes) {
       return peerError("fabric rail name {} of {} bytes (1 to {})", i, len, kMaxRailNameBytes);
@@ -45,21 +60,15 @@ std::uint64_t fabricPathTag(std::string_view secret, std::uint64_t sessionId, in
   std::vector<std::uint8_t> data;
   constexpr std::string_view kLabel = "meridian fabric path";
   data.insert(data.end(), kLabel.begin(), kLabel.end());
-  for (int i = 0; i < 8; ++i) data.push_back(static_cast<std::uint8_t>(sessionId >> (8 * i)));
-  for (std::uint32_t v : {static_cast<std::uint32_t>(initiator), static_cast<std::uint32_t>(path)}) {
-    for (int i = 0; i < 4; ++i) data.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
-  }
+  append<std::uint64_t>(data, sessionId);
+  append<std::uint32_t>(data, static_cast<std::uint32_t>(initiator));
+  append<std::uint32_t>(data, static_cast<std::uint32_t>(path));
   // Each name with its length first, so no two (from, to) pairs give the same bytes.
-  for (auto name : {from, to}) {
-    data.push_back(static_cast<std::uint8_t>(name.size() & 0xff));
-    data.push_back(static_cast<std::uint8_t>(name.size() >> 8));
-    data.insert(data.end(), name.begin(), name.end());
-  }
+  appendName(data, from);
+  appendName(data, to);
   const auto key = std::span(reinterpret_cast<const std::uint8_t*>(secret.data()), secret.size());
   const Hmac256 mac = hmacSha256(key, data);
-  std::uint64_t tag = 0;
-  for (int i = 0; i < 8; ++i) tag |= static_cast<std::uint64_t>(mac[static_cast<std::size_t>(i)]) << (8 * i);
-  return tag & ((std::uint64_t{1} << kMinTagBits) - 1);
+  return wire::load<std::uint64_t>(mac.data()) & ((std::uint64_t{1} << kMinTagBits) - 1);
 }
 
 }  // namespace meridian::transport::fabric

@@ -616,20 +616,23 @@ std::int64_t MultipathChannel::stallLimitUs(const PathState& p, bool idleElsewhe
 }
 
 void MultipathChannel::checkStalls(std::int64_t nowUs) {
+  // Usable paths (alive, not stalled), and how many of them are idle with a positive weight.
+  auto usable = [](const PathState& q) {
+    return q.alive.load(std::memory_order_relaxed) && !q.stalled.load(std::memory_order_relaxed);
+  };
+  std::size_t live = 0, idle = 0;
+  for (const auto& q : paths_) {
+    if (!usable(*q)) continue;
+    ++live;
+    if (q->unackedBytes == 0 && q->weight.load(std::memory_order_relaxed) > 0) ++idle;
+  }
   for (std::size_t i = 0; i < paths_.size(); ++i) {
     PathState& p = *paths_[i];
-    if (!p.alive.load(std::memory_order_relaxed) || p.stalled.load(std::memory_order_relaxed)) continue;
-    if (p.unackedBytes == 0) continue;
-    std::size_t others = 0;
-    bool idleElsewhere = false;
-    for (std::size_t j = 0; j < paths_.size(); ++j) {
-      const PathState& q = *paths_[j];
-      if (j == i || !q.alive.load(std::memory_order_relaxed) || q.stalled.load(std::memory_order_relaxed)) continue;
-      ++others;
-      idleElsewhere = idleElsewhere || (q.unackedBytes == 0 && q.weight.load(std::memory_order_relaxed) > 0);
-    }
-    if (others == 0) continue;  // nowhere better to go: keep waiting on this one
-    if (nowUs - p.lastProgressUs > stallLimitUs(p, idleElsewhere)) {
+    if (!usable(p) || p.unackedBytes == 0) continue;
+    // p is usable and busy: the others are live - 1, the idle ones all elsewhere.
+    if (live <= 1) continue;  // nowhere better to go: keep waiting on this one
+    if (nowUs - p.lastProgressUs > stallLimitUs(p, idle > 0)) {
+      --live;
       p.stalled.store(true, std::memory_order_relaxed);
       p.up->set(0);
       MLOG_WARN(kTransport, "path {} to rank {} stalled ({} bytes unacknowledged for {} ms); resending elsewhere", i,

@@ -154,7 +154,6 @@ struct ChannelEntry {
   std::vector<std::vector<std::unique_ptr<Stream>>> streams;  // [path][stream], TCP paths and the relay slot
   std::vector<int> expectedStreams;                           // per path; 0 = not known yet
   std::size_t directPaths = 0;                                // paths beyond these: the relay slot
-  std::size_t fabricBase = 0;
   std::vector<std::unique_ptr<fabric::FabricPath>> fabric;    // [rail]; null until paired
   bool railNamesSent = false, railNamesTaken = false;
   int initiatorRank = 0;  // the rank that opened the channel (fabric path tags)
@@ -162,6 +161,8 @@ struct ChannelEntry {
   std::int64_t readPid = 0;                                   // direct reads from this pid (0: none)
   bool ready = false;
   bool usable() const { return ready && !engine->failed(); }
+  // The channel's path index of fabric path 0 (the fabric paths follow the stream paths).
+  std::size_t fabricBase() const { return streams.size(); }
   bool liveStreams(std::size_t path) const {
     return std::any_of(streams[path].begin(), streams[path].end(), [](const auto& s) { return !s->dead; });
   }

@@ -94,7 +94,7 @@ void TcpDevice::Impl::takeRailNames(ChannelEntry& e, std::span<const std::uint8_
   const std::size_t n = std::min(rails.size(), names->size());
   for (std::size_t k = 0; k < n; ++k) {
     fabric::Rail& rail = *rails[k];
-    const std::size_t slot = e.fabricBase + k;
+    const std::size_t slot = e.fabricBase() + k;
     if (!rail.failure().isOk()) continue;
     auto peer = rail.addPeer((*names)[k]);
     if (!peer) {

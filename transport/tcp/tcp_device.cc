@@ -237,7 +237,6 @@ std::unique_ptr<ChannelEntry> TcpDevice::Impl::makeEntry(std::uint64_t sessionId
   if (options.relaySlot) endpoints.push_back({"", "relay", true});
   entry->streams.resize(endpoints.size());
   entry->expectedStreams.assign(endpoints.size(), 0);
-  entry->fabricBase = endpoints.size();
   for (std::size_t k = 0; k < rails.size(); ++k) {
     PathEndpoints fabricEnd;
     fabricEnd.localAddress = railLabels[k];
@@ -394,9 +393,9 @@ Status TcpDevice::cutPath(std::uint64_t sessionId, int peerRank, int pathIndex) 
       if (path < e->streams.size()) {
         impl_->failPath(*e, path, why, false);
         result = Status::ok();
-      } else if (path >= e->fabricBase && path - e->fabricBase < e->fabric.size()) {
+      } else if (path - e->fabricBase() < e->fabric.size()) {
         // A fabric path not yet paired is down already; a paired one fails now.
-        if (auto& fp = e->fabric[path - e->fabricBase]; fp && !fp->failed()) fp->fail(why);
+        if (auto& fp = e->fabric[path - e->fabricBase()]; fp && !fp->failed()) fp->fail(why);
         result = Status::ok();
       }
     }
