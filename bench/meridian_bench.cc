@@ -81,6 +81,9 @@ int runTimeline(const Args& a, const std::string& cmd, collectives::Communicator
   }
   nlohmann::json rows = nlohmann::json::array();
   auto start = std::chrono::steady_clock::now();
+  // The same instant on the wall clock, so a harness can place its own events on the timeline.
+  const double startUnixSec =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   auto intervalStart = start;
   auto lastBytes = crossRegionBytes(comm);
   int ops = 0;
@@ -165,7 +168,7 @@ int runTimeline(const Args& a, const std::string& cmd, collectives::Communicator
   if (print && !a.jsonPath.empty()) {
     nlohmann::json j{{"command", cmd},        {"ranks", comm.size()}, {"op", opName(op)},
                      {"bytes", count * esize}, {"routing", comm.adaptiveRouting() ? "adaptive" : "static"},
-                     {"timeline", rows}};
+                     {"start_unix_s", startUnixSec}, {"timeline", rows}};
     std::ofstream(a.jsonPath) << j.dump(2) << "\n";
   }
   if (print && anyWrong) std::printf("# INCORRECT results in the timeline\n");
