@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -157,6 +158,18 @@ LocalPair openLocalPair(DeviceOptions o, TimePoint deadline) {
   p.tx = must(std::move(s), "connect");
   p.rx = must(std::move(r), "accept");
   return p;
+}
+
+// Waits until every path of `ch` but a relay slot is up: fabric paths come up once the peer's
+// rail names arrive (docs/transport.md), and the figures are for the channel a job uses. Says
+// so and goes on when one stays down (a peer without a rail).
+void waitForPaths(const ChannelPtr& ch, TimePoint deadline) {
+  auto allUp = [&] {
+    auto stats = ch->pathStats();
+    return std::all_of(stats.begin(), stats.end(), [](const PathStats& s) { return s.alive || s.relay; });
+  };
+  while (!allUp() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (!allUp()) std::fprintf(stderr, "meridian-transport-bench: a path of the channel stayed down\n");
 }
 
 // Path 1's share of the bytes the paths of `ch` sent since `before`.
@@ -323,6 +336,7 @@ int main(int argc, char** argv) {
       tx = std::move(pair.tx);
       rx = std::move(pair.rx);
     }
+    if (tx) waitForPaths(tx, Clock::now() + std::chrono::seconds(5));
     flow.tx = tx.get();
     flow.rx = rx.get();
     Buffers bufs = makeBuffers(flow);
@@ -335,6 +349,9 @@ int main(int argc, char** argv) {
     std::printf("# meridian-transport-bench --paths %d --streams %d --size %s --chunk %s --inflight %d --iters %d%s%s\n",
                 paths, streams, sizeText.c_str(), chunkText.c_str(), inflight, iters,
                 listen ? " --listen" : connect ? " --connect" : "", poll ? " --poll" : "");
+    for (const char* knob : {"MERIDIAN_FABRIC", "MERIDIAN_FABRIC_PROVIDER", "MERIDIAN_FABRIC_TCP"}) {
+      if (const char* v = std::getenv(knob)) std::printf("#   %s=%s\n", knob, v);
+    }
     std::printf("aggregate %.3f GB/s (%d x %zu B in %.3f s)\n", static_cast<double>(flow.size) * iters / secs / 1e9, iters,
                 flow.size, secs);
     if (tx) {

@@ -73,6 +73,10 @@
   X(kFabricDomain, "MERIDIAN_FABRIC_DOMAIN", String, "",                                           \
     "libfabric domain (NIC) of the fabric paths, as fi_info lists it (mlx5_0, lo); empty: the "   \
     "first the provider offers.")                                                                   \
+  CHOICE(kFabricTcp, "MERIDIAN_FABRIC_TCP", "data", "data|standby",                                \
+    "With fabric paths: data (the TCP paths carry data beside them, striped by measured rate) or " \
+    "standby (TCP carries control only, and the data while no fabric path to that peer is "       \
+    "usable).")                                                                                     \
   CHOICE(kRelay, "MERIDIAN_RELAY", "auto", "auto|off",                                             \
     "auto: with adaptive routing, a channel adds a relay path through a third rank while its "     \
     "direct link is worse than two hops; off: never (every rank must agree).")                     \

@@ -424,16 +424,29 @@ std::vector<std::pair<std::string, std::string>> nodeEnvironment(const LabState&
       {"MERIDIAN_LAB_NODE", n.name},
       {"MERIDIAN_LAB_RANK", std::to_string(n.index)},
       {"MERIDIAN_LAB_NODES", std::to_string(t.nodes.size())}};
-  std::string paths;
+  std::string paths, planes;
   for (int p = 0; p < static_cast<int>(t.planes.size()); ++p) {
-    env.emplace_back(envName(t.planes[static_cast<std::size_t>(p)].name), t.address(p, node));
+    const Plane& plane = t.planes[static_cast<std::size_t>(p)];
+    env.emplace_back(envName(plane.name), t.address(p, node));
+    if (plane.fabric) continue;
     paths += (paths.empty() ? "" : ",") + t.address(p, node);
+    planes += (planes.empty() ? "" : ",") + plane.name;
   }
   if (std::getenv("MERIDIAN_PATHS") == nullptr) {
     env.emplace_back("MERIDIAN_PATHS", paths);
-    std::string planes;
-    for (const auto& p : t.planes) planes += (planes.empty() ? "" : ",") + p.name;
     env.emplace_back("MERIDIAN_PLANES", planes);
+  }
+  // The fabric plane: libfabric's tcp;ofi_rxm provider on that plane's interface (the domain
+  // an IP provider lists is the interface's name), required rather than tried. What the
+  // caller set wins, as for the paths.
+  if (const int f = t.fabricPlane(); f >= 0) {
+    const std::pair<const char*, std::string> fabric[] = {
+        {"MERIDIAN_FABRIC", "on"},
+        {"MERIDIAN_FABRIC_PROVIDER", "tcp;ofi_rxm"},
+        {"MERIDIAN_FABRIC_DOMAIN", t.planes[static_cast<std::size_t>(f)].name}};
+    for (const auto& [k, v] : fabric) {
+      if (std::getenv(k) == nullptr) env.emplace_back(k, v);
+    }
   }
   if (std::getenv("MERIDIAN_METRICS_ADDR") == nullptr && lab.mgmtIndex > 0)
     env.emplace_back("MERIDIAN_METRICS_ADDR", lab.metricsAddress(node));

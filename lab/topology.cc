@@ -245,7 +245,7 @@ void mergeInto(LinkChange& into, const LinkChange& from) {
 
 constexpr std::string_view kTopKeys[] = {"name", "time_scale", "mtu", "regions", "planes"};
 constexpr std::string_view kRegionKeys[] = {"name", "nodes"};
-constexpr std::string_view kPlaneKeys[] = {"name", "default", "intra", "links"};
+constexpr std::string_view kPlaneKeys[] = {"name", "carries", "default", "intra", "links"};
 constexpr std::string_view kLinkKeys[] = {"delay", "jitter", "rate", "queue", "loss"};
 constexpr std::string_view kEntryKeys[] = {"between", "from", "to", "delay", "jitter", "rate", "queue", "loss"};
 
@@ -534,6 +534,18 @@ class TopologyParser {
       return fail(nameField->mark(), "duplicate plane '{}' (first on line {})", name, pos->second);
     }
     where_ = "plane " + name;
+    bool fabric = false;
+    if (const Field* f = findField(fields, "carries")) {
+      MERIDIAN_ASSIGN_OR_RETURN(std::string carries, scalar(*f));
+      if (carries != "tcp" && carries != "fabric") {
+        return fail(f->mark(), "carries '{}': expected tcp (Meridian's TCP path, the default) or fabric", carries);
+      }
+      fabric = carries == "fabric";
+      if (fabric && topology.fabricPlane() >= 0) {
+        return fail(f->mark(), "a second plane that carries fabric ({} already does); at most one",
+                    topology.planes[static_cast<std::size_t>(topology.fabricPlane())].name);
+      }
+    }
 
     const std::size_t n = topology.regions.size();
     LinkChange base;
@@ -564,6 +576,7 @@ class TopologyParser {
 
     Plane plane;
     plane.name = name;
+    plane.fabric = fabric;
     for (std::size_t src = 0; src < n; ++src) {
       for (std::size_t dst = 0; dst < n; ++dst) {
         const LinkChange& change = merged[src * n + dst];
@@ -595,6 +608,10 @@ class TopologyParser {
     std::map<std::string, int> firstLine;
     for (auto it = field.value.begin(); it != field.value.end(); ++it) {
       MERIDIAN_RETURN_IF_ERROR(parsePlane(*it, field.mark(), firstLine, topology));
+    }
+    if (topology.fabricPlane() >= 0 && topology.planes.size() == 1) {
+      return fail(field.mark(), "the only plane carries fabric; at least one plane must carry tcp (the ranks' "
+                                "control connections, which also carry the fabric's endpoint names)");
     }
     return Status::ok();
   }
@@ -640,6 +657,13 @@ Result<int> Topology::findPlane(const std::string& wanted) const {
 }
 
 std::string Topology::address(int plane, int node) const { return fmt::format("198.18.{}.{}", plane, node + 1); }
+
+int Topology::fabricPlane() const {
+  for (std::size_t p = 0; p < planes.size(); ++p) {
+    if (planes[p].fabric) return static_cast<int>(p);
+  }
+  return -1;
+}
 
 std::uint64_t defaultQueueBytes(double rateBitsPerSec) {
   // Unlimited (0) has no rate limiter for packets to wait in front of: the floor will do. Written

@@ -49,6 +49,10 @@ struct Node {
 struct Plane {
   std::string name;            // also the interface name inside each node (at most 12 chars)
   std::vector<LinkParams> links;  // [src region * regions + dst region]
+  // `carries: fabric`: Meridian's fabric path (libfabric's tcp;ofi_rxm bound to this plane's
+  // interface) crosses this plane instead of a TCP path. At most one plane, and at least one
+  // plane stays TCP (the fabric's endpoint names travel over it).
+  bool fabric = false;
 };
 
 struct Topology {
@@ -71,6 +75,8 @@ struct Topology {
   Result<int> findPlane(const std::string& name) const;   // error lists the known planes
   // Node `node`'s IPv4 address on `plane`: 198.18.<plane>.<node + 1> (a /24 per plane).
   std::string address(int plane, int node) const;
+  // The plane that carries the fabric path, or -1.
+  int fabricPlane() const;
 };
 
 // Limits a topology must stay within (checked by the parser).

@@ -17,10 +17,11 @@ namespace {
 constexpr std::size_t kMaxEvents = 1000;
 }  // namespace
 
-std::vector<double> weightsFor(const std::vector<CongestionState>& states, const std::vector<bool>& down) {
+std::vector<double> weightsFor(const std::vector<CongestionState>& states, const std::vector<bool>& down,
+                               bool unjudgedUp) {
   std::vector<double> w(states.size(), 1.0);
   auto isDown = [&](std::size_t i) { return i < down.size() && down[i]; };
-  bool anyUp = false, anyClear = false;
+  bool anyUp = unjudgedUp, anyClear = false;
   for (std::size_t i = 0; i < states.size(); ++i) {
     anyUp = anyUp || !isDown(i);
     anyClear = anyClear || (!isDown(i) && states[i] == CongestionState::kClear);
@@ -28,6 +29,11 @@ std::vector<double> weightsFor(const std::vector<CongestionState>& states, const
   for (std::size_t i = 0; i < states.size(); ++i) {
     if (isDown(i) && anyUp) {
       w[i] = kDownPathWeight;
+    } else if (!anyClear && unjudgedUp) {
+      // Nothing judged is clear, and paths probes do not reach are up beside it: a congested
+      // verdict (often the queue this channel's own data builds) says nothing about them, so
+      // the channel's measured rates choose.
+      w[i] = 1.0;
     } else if (states[i] == CongestionState::kCongested || !anyClear) {
       // With every path congested, all keep the congested weight: equal weights move nothing,
       // and a path that is still congested must not look raised (a raised weight lifts the
@@ -127,7 +133,15 @@ struct PathMonitor::Impl {
       }
       if (!adaptive) return;
       for (const auto& [peer, s] : states) {
-        std::vector<double> w = weightsFor(s, down[peer]);
+        // Paths past the probed ones, other than the relay slot, are paths probes do not reach
+        // (fabric paths: docs/routing.md).
+        bool unjudgedUp = false;
+        if (auto cp = channelPaths.find(peer); cp != channelPaths.end()) {
+          for (std::size_t i = s.size(); i < cp->second.size(); ++i) {
+            unjudgedUp = unjudgedUp || (cp->second[i].alive && !cp->second[i].relay);
+          }
+        }
+        std::vector<double> w = weightsFor(s, down[peer], unjudgedUp);
         auto& last = applied[peer];
         if (last == w) continue;
         last = w;

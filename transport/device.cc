@@ -34,6 +34,7 @@ Status resolveKnobs(DeviceOptions& o) {
     MERIDIAN_ASSIGN_OR_RETURN(o.fabric.mode, readKnobChoice(knobs::kFabric, o.fabric.mode));
     if (o.fabric.provider.empty()) o.fabric.provider = knobString(knobs::kFabricProvider);
     if (o.fabric.domain.empty()) o.fabric.domain = knobString(knobs::kFabricDomain);
+    MERIDIAN_ASSIGN_OR_RETURN(o.fabric.tcp, readKnobChoice(knobs::kFabricTcp, o.fabric.tcp));
     if (o.tcp.notsentLowatBytes < 0) {
       MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t v, readKnobInt(knobs::kTcpNotsentLowatBytes, 0, 1 << 30));
       o.tcp.notsentLowatBytes = static_cast<int>(v);

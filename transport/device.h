@@ -72,6 +72,7 @@ struct DeviceOptions {
     std::string mode;              // MERIDIAN_FABRIC: auto, on or off
     std::string provider;          // MERIDIAN_FABRIC_PROVIDER; empty: the best present
     std::string domain;            // MERIDIAN_FABRIC_DOMAIN; empty: the provider's first
+    std::string tcp;               // MERIDIAN_FABRIC_TCP: data or standby (PathEndpoints::standby)
   } fabric;
   struct Tcp {
     int streamsPerPath = 0;        // MERIDIAN_TCP_STREAMS

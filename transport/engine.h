@@ -43,6 +43,10 @@ struct PathEndpoints {
   // Down until onPathUp, like a relay slot, but a direct path once up (a fabric path whose
   // peer has not named its rail yet).
   bool deferred = false;
+  // Carries data only while no path without it is usable, control frames always (a TCP path
+  // beside fabric paths under MERIDIAN_FABRIC_TCP=standby): the fabric takes the data, TCP
+  // takes it over when the fabric fails or stalls.
+  bool standby = false;
 };
 
 // The protocol's settings; the backend fills them from its knobs.

@@ -7,9 +7,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <map>
 #include <ostream>
 #include <sstream>
 #include <string>
+
+#include "lab/lab.h"
 
 namespace meridian::lab {
 namespace {
@@ -280,7 +284,8 @@ INSTANTIATE_TEST_SUITE_P(
         // Unknown keys, at every level.
         ErrorCase{1, "name: t\ncolour: blue", 2, "unknown key 'colour' (expected name, time_scale, mtu, regions"},
         ErrorCase{4, "    nodes: 1\n    zone: x", 5, "unknown key 'zone' (expected name, nodes)"},
-        ErrorCase{8, "  - name: wan-a\n    speed: 1", 9, "unknown key 'speed' (expected name, default, intra, links)"},
+        ErrorCase{8, "  - name: wan-a\n    speed: 1", 9,
+                  "unknown key 'speed' (expected name, carries, default, intra, links)"},
         ErrorCase{13, "        dealy: 10ms", 13, "unknown key 'dealy' (expected between, from, to, delay, jitter"},
         ErrorCase{13, "        delay: 10ms\n        delay: 20ms", 14, "duplicate key 'delay' (first on line 13)"},
         // Missing values.
@@ -328,6 +333,11 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{12, "      - from: paris\n        to: a", 12, "unknown region 'paris' (regions: a, b)"},
         ErrorCase{13, "        # nothing", 12, "a links entry that sets nothing (expected delay, jitter, rate"},
         ErrorCase{10, "    intra: 5", 10, "plane wan-a: 'intra' must be a map of 'key: value' entries"},
+        // What a plane carries.
+        ErrorCase{8, "  - name: wan-a\n    carries: rdma", 9,
+                  "plane wan-a: carries 'rdma': expected tcp (Meridian's TCP path, the default) or fabric"},
+        ErrorCase{8, "  - name: wan-a\n    carries: fabric", 8,
+                  "the only plane carries fabric; at least one plane must carry tcp"},
         // YAML syntax, reported at the line yaml-cpp names.
         ErrorCase{6, "    nodes: 2: 3", 6, "invalid YAML: "},
         ErrorCase{12, "      - between: [a, b", 13, "invalid YAML: "}));
@@ -348,6 +358,68 @@ TEST(TopologyTest, StructuralErrors) {
   std::string many = "name: t\nregions: [{name: a, nodes: 1}]\nplanes:\n";
   for (int p = 0; p <= kMaxPlanes; ++p) many += fmt::format("  - {{name: p{}, default: {{delay: 1ms}}}}\n", p);
   EXPECT_THAT(errorOf(many), StartsWith("t.yaml:4: 17 planes, at most 16 allowed"));
+}
+
+// `carries: fabric` marks the one plane the fabric path crosses; the others stay TCP.
+TEST(TopologyTest, OnePlaneMayCarryTheFabricPath) {
+  const std::string two = std::string(kBase) +
+                          "  - name: wan-b\n"
+                          "    carries: fabric\n"
+                          "    default: {delay: 1ms}\n";
+  Topology t = mustParse(two);
+  ASSERT_EQ(t.planes.size(), 2u);
+  EXPECT_FALSE(t.planes[0].fabric);
+  EXPECT_TRUE(t.planes[1].fabric);
+  EXPECT_EQ(t.fabricPlane(), 1);
+  EXPECT_EQ(mustParse(kBase).fabricPlane(), -1);
+  EXPECT_EQ(mustParse(withLine(8, "  - name: wan-a\n    carries: tcp")).fabricPlane(), -1);
+  EXPECT_EQ(errorOf(two + "  - name: wan-c\n    carries: fabric\n    default: {delay: 1ms}\n"),
+            "t.yaml:18: plane wan-c: a second plane that carries fabric (wan-b already does); at most one");
+
+  auto loaded = loadTopology(shipped("two-regions-fabric.yaml"));
+  ASSERT_TRUE(loaded.isOk()) << loaded.status().toString();
+  const Topology& shippedFabric = *loaded;
+  ASSERT_EQ(shippedFabric.planes.size(), 2u);
+  EXPECT_EQ(shippedFabric.planes[static_cast<std::size_t>(shippedFabric.fabricPlane())].name, "wan-a");
+  // The same links as two-regions.yaml: the lab tests compare the two.
+  auto plain = loadTopology(shipped("two-regions.yaml"));
+  ASSERT_TRUE(plain.isOk()) << plain.status().toString();
+  for (std::size_t p = 0; p < 2; ++p) EXPECT_EQ(shippedFabric.planes[p].links, plain->planes[p].links);
+}
+
+// What a node's processes are told: the TCP planes in MERIDIAN_PATHS, the fabric plane as the
+// fabric's domain (its interface), the provider that crosses an IP network, and fabric required.
+TEST(TopologyTest, TheFabricPlaneBecomesTheFabricDomainAndLeavesThePaths) {
+  for (const char* k : {"MERIDIAN_PATHS", "MERIDIAN_FABRIC", "MERIDIAN_FABRIC_PROVIDER", "MERIDIAN_FABRIC_DOMAIN"}) {
+    ::unsetenv(k);
+  }
+  auto loaded = loadTopology(shipped("two-regions-fabric.yaml"));
+  ASSERT_TRUE(loaded.isOk()) << loaded.status().toString();
+  LabState lab;
+  lab.name = "t";
+  lab.topology = *loaded;
+  auto list = nodeEnvironment(lab, 2);
+  std::map<std::string, std::string> env(list.begin(), list.end());
+  EXPECT_EQ(env["MERIDIAN_PATHS"], "198.18.1.3");
+  EXPECT_EQ(env["MERIDIAN_PLANES"], "wan-b");
+  EXPECT_EQ(env["MERIDIAN_LAB_ADDR_WAN_A"], "198.18.0.3");
+  EXPECT_EQ(env["MERIDIAN_FABRIC"], "on");
+  EXPECT_EQ(env["MERIDIAN_FABRIC_PROVIDER"], "tcp;ofi_rxm");
+  EXPECT_EQ(env["MERIDIAN_FABRIC_DOMAIN"], "wan-a");
+  // What the caller set wins.
+  ::setenv("MERIDIAN_FABRIC", "auto", 1);
+  list = nodeEnvironment(lab, 2);
+  env = std::map<std::string, std::string>(list.begin(), list.end());
+  EXPECT_EQ(env.count("MERIDIAN_FABRIC"), 0u);
+  ::unsetenv("MERIDIAN_FABRIC");
+  // Without a fabric plane, no fabric settings.
+  auto plain = loadTopology(shipped("two-regions.yaml"));
+  ASSERT_TRUE(plain.isOk());
+  lab.topology = *plain;
+  list = nodeEnvironment(lab, 2);
+  env = std::map<std::string, std::string>(list.begin(), list.end());
+  EXPECT_EQ(env["MERIDIAN_PATHS"], "198.18.0.3,198.18.1.3");
+  EXPECT_EQ(env.count("MERIDIAN_FABRIC_DOMAIN"), 0u);
 }
 
 TEST(TopologyTest, LoadReportsUnreadableFiles) {

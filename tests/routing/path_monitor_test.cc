@@ -31,6 +31,18 @@ TEST(PathWeightsTest, CongestedPathsKeepASmallShareUnlessAllAre) {
   EXPECT_TRUE(weightsFor({}).empty());
 }
 
+// Beside a fabric path (which probes do not reach), a congested TCP path is not held down
+// against it unless another judged path is clear; a down one is, since the fabric path is up.
+TEST(PathWeightsTest, PathsProbesDoNotReachLeaveTheChoiceToMeasuredRates) {
+  EXPECT_EQ(weightsFor({S::kCongested}, {}, true), (std::vector<double>{1}));
+  EXPECT_EQ(weightsFor({S::kCongested, S::kCongested}, {}, true), (std::vector<double>{1, 1}));
+  EXPECT_EQ(weightsFor({S::kClear, S::kCongested}, {}, true), (std::vector<double>{1, kCongestedPathWeight}))
+      << "a clear judged path is still better than a congested one";
+  EXPECT_EQ(weightsFor({S::kClear}, {true}, true), (std::vector<double>{kDownPathWeight}))
+      << "the unjudged path is up: the down one carries nothing";
+  EXPECT_EQ(weightsFor({S::kCongested}, {}, false), (std::vector<double>{kCongestedPathWeight}));
+}
+
 TEST(PathWeightsTest, DownPathsCarryNothingWhileAnotherPathIsUp) {
   EXPECT_EQ(weightsFor({S::kClear, S::kClear}, {true, false}), (std::vector<double>{kDownPathWeight, 1}));
   EXPECT_EQ(weightsFor({S::kClear, S::kCongested}, {false, true}), (std::vector<double>{1, kDownPathWeight}));

@@ -19,11 +19,17 @@
 
 #include "lab/topology.h"
 #include "tests/common/lab_session.h"
+#include "tests/common/lab_timeline.h"
 
 namespace meridian::routing {
 namespace {
 
+using meridian::testing::LabChange;
 using meridian::testing::LabSession;
+using meridian::testing::medianBusbw;
+using meridian::testing::runTimeline;
+using meridian::testing::shareOfPath;
+using meridian::testing::Timeline;
 
 void checkMatrix(const std::string& topologyName, double timeScale) {
   const std::string file = fmt::format("{}/lab/topologies/{}.yaml", MERIDIAN_SOURCE_DIR, topologyName);
@@ -76,80 +82,6 @@ void checkMatrix(const std::string& topologyName, double timeScale) {
   }
 }
 
-// A timeline of allreduces of `size` (meridian-bench's size syntax) across a lab, with the
-// `changes` (meridian-lab arguments, run side by side) applied to the lab `atSec` into the run.
-struct Timeline {
-  nlohmann::json rows;
-  // In the timeline's clock: when the first change was started, and when the last change
-  // command returned (a cross-traffic flow runs until its command returns; a rate cut lasts
-  // until it is restored).
-  double changeAtSec = 0;
-  double changeDoneSec = 0;
-  std::string output;
-  int code = -1;
-};
-
-double wallNowSec() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-Timeline runTimeline(LabSession& session, const std::string& env, double seconds,
-                     const std::vector<std::string>& changes, double atSec, bool check, const std::string& size = "16M",
-                     double interval = 1, long long minOps = 0) {
-  Timeline tl;
-  const std::string out = ::testing::TempDir() + "/timeline.json";
-  std::filesystem::remove(out);
-  std::vector<std::thread> changers;
-  std::vector<double> startedAt(changes.size(), 0), doneAt(changes.size(), 0);
-  for (std::size_t i = 0; i < changes.size(); ++i) {
-    changers.emplace_back([&session, &changes, &startedAt, &doneAt, i, atSec] {
-      // The change is the experiment's input at a point of the run's own timeline (the rows
-      // before and after it are what the tests compare), not a wait for the run to be ready.
-      std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int>(atSec * 1000)));
-      startedAt[i] = wallNowSec();
-      auto r = session.run(changes[i]);
-      doneAt[i] = wallNowSec();
-      EXPECT_EQ(r.code, 0) << changes[i] << ": " << r.output;
-    });
-  }
-  auto r = session.run(fmt::format("exec-all -- env {} {} --ops all_reduce -b {} -e {} --duration {} --interval {} "
-                                   "--min-ops {} --check {} --json {}",
-                                   env, MERIDIAN_BENCH_BIN, size, size, seconds, interval, minOps, check ? 1 : 0, out));
-  for (auto& t : changers) t.join();
-  tl.code = r.code;
-  tl.output = r.output;
-  std::ifstream f(out);
-  auto j = nlohmann::json::parse(f, nullptr, false);
-  if (j.is_discarded()) return tl;
-  tl.rows = j["timeline"];
-  // The bench's clock starts after the communicator is up; it says when on the wall clock,
-  // which the lab's namespaces share with this process.
-  const double start = j.value("start_unix_s", 0.0);
-  if (!changes.empty() && start > 0) {
-    tl.changeAtSec = *std::min_element(startedAt.begin(), startedAt.end()) - start;
-    tl.changeDoneSec = *std::max_element(doneAt.begin(), doneAt.end()) - start;
-  }
-  return tl;
-}
-
-double shareOfPath0(const nlohmann::json& row) {
-  const auto& b = row["cross_region_bytes"];
-  double all = 0;
-  for (const auto& x : b) all += x.get<double>();
-  return all > 0 ? b[0].get<double>() / all : 0;
-}
-
-// Median busbw of the rows wholly inside [from, to).
-double medianBusbw(const nlohmann::json& rows, double from, double to) {
-  std::vector<double> v;
-  for (const auto& r : rows) {
-    if (r["t_start"].get<double>() >= from && r["t"].get<double>() <= to) v.push_back(r["busbw_gbps"].get<double>());
-  }
-  if (v.empty()) return -1;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // Issue 4, lab test 2: congestion on wan-a between the two regions, under a loop of 16 MiB
 // allreduces: adaptive routing moves the traffic within 2 s and recovers most of what the
 // remaining capacity allows (`after`, GB/s; the issue's 80% is a benchmark figure, below);
@@ -164,16 +96,18 @@ void checkTrafficMovesOffACongestedPlane(LabSession& session, const lab::Topolog
   // The ring crosses regions on one east->west and one west->east hop, each carrying one
   // rank's share: busbw is bounded by the region pair's rate summed over the planes.
   const double before = (topo.link(0, 0, 1).rateBitsPerSec + topo.link(1, 0, 1).rateBitsPerSec) / 8e9;
-  Timeline adaptive = runTimeline(session, "MERIDIAN_ROUTING=adaptive MERIDIAN_ALGO=ring", 16, changes, 6, false);
+  std::vector<LabChange> at6;
+  for (const auto& c : changes) at6.push_back({6, c});
+  Timeline adaptive = runTimeline(session, {.env = "MERIDIAN_ROUTING=adaptive MERIDIAN_ALGO=ring", .changes = at6});
   ASSERT_EQ(adaptive.code, 0) << adaptive.output;
-  ASSERT_GT(adaptive.changeAtSec, 0) << "the change was not placed on the timeline: " << adaptive.output;
+  ASSERT_GT(adaptive.changeAtSec(), 0) << "the change was not placed on the timeline: " << adaptive.output;
   // Only rows wholly inside the congestion count after it: a flow that ends with its command
   // (cross-traffic) hands the plane back, and the traffic rightly returns to it.
   const auto congestedUntil = [endsWithCommand](const Timeline& tl) {
-    return endsWithCommand ? tl.changeDoneSec : 1e9;
+    return endsWithCommand ? tl.changeDoneSec() : 1e9;
   };
-  const double steady = medianBusbw(adaptive.rows, 1.0, adaptive.changeAtSec);
-  const double recovered = medianBusbw(adaptive.rows, adaptive.changeAtSec + 4, congestedUntil(adaptive));
+  const double steady = medianBusbw(adaptive.rows, 1.0, adaptive.changeAtSec());
+  const double recovered = medianBusbw(adaptive.rows, adaptive.changeAtSec() + 4, congestedUntil(adaptive));
   // Each median needs rows of its own (one op a row while an op takes over a second).
   ASSERT_GT(steady, 0) << "no row before the change: " << adaptive.output;
   ASSERT_GT(recovered, 0) << "no row from 4 s after the change on: " << adaptive.output;
@@ -188,16 +122,16 @@ void checkTrafficMovesOffACongestedPlane(LabSession& session, const lab::Topolog
   // From 2 s after the change on, wan-a carries about its share of the remaining capacity
   // (20 of 120 Mbit/s), not half.
   for (const auto& row : adaptive.rows) {
-    if (row["t_start"].get<double>() < adaptive.changeAtSec + 2) continue;
+    if (row["t_start"].get<double>() < adaptive.changeAtSec() + 2) continue;
     if (row["t"].get<double>() > congestedUntil(adaptive)) continue;
-    EXPECT_LT(shareOfPath0(row), 0.3) << "at t=" << row["t"] << ": " << adaptive.output;
+    EXPECT_LT(shareOfPath(row, 0), 0.3) << "at t=" << row["t"] << ": " << adaptive.output;
   }
   ASSERT_EQ(session.run(restore).code, 0);
 
-  Timeline fixed = runTimeline(session, "MERIDIAN_ROUTING=static MERIDIAN_ALGO=ring", 16, changes, 6, false);
+  Timeline fixed = runTimeline(session, {.env = "MERIDIAN_ROUTING=static MERIDIAN_ALGO=ring", .changes = at6});
   ASSERT_EQ(fixed.code, 0) << fixed.output;
   ASSERT_EQ(session.run(restore).code, 0);
-  const double staticAfter = medianBusbw(fixed.rows, fixed.changeAtSec + 4, congestedUntil(fixed));
+  const double staticAfter = medianBusbw(fixed.rows, fixed.changeAtSec() + 4, congestedUntil(fixed));
   // -1 when static striping finished no op wholly inside that span (ops of 5 s and more
   // under the flood): slower than anything adaptive routing finished there.
   if (staticFalls) {
@@ -211,8 +145,8 @@ void checkTrafficMovesOffACongestedPlane(LabSession& session, const lab::Topolog
   }
   std::printf("[ routing  ] %s (t=%.1f s to %s): bound %.4f GB/s -> %.4f GB/s; adaptive %.4f -> %.4f GB/s; "
               "static %.4f GB/s\n",
-              what, adaptive.changeAtSec,
-              endsWithCommand ? fmt::format("{:.1f} s", adaptive.changeDoneSec).c_str() : "the end", before, after,
+              what, adaptive.changeAtSec(),
+              endsWithCommand ? fmt::format("{:.1f} s", adaptive.changeDoneSec()).c_str() : "the end", before, after,
               steady, recovered, staticAfter);
 }
 
@@ -265,7 +199,10 @@ TEST(RoutingLabTest, APlaneCutEntirelyLosesNothing) {
   LabSession session("mlroute", file, "--time-scale 0.25");
   auto up = session.up();
   ASSERT_EQ(up.code, 0) << up.output;
-  Timeline tl = runTimeline(session, "MERIDIAN_PATH_STALL_MS=1000", 14, {"cut wan-a east west"}, 5, true);
+  Timeline tl = runTimeline(session, {.env = "MERIDIAN_PATH_STALL_MS=1000",
+                                      .seconds = 14,
+                                      .changes = {{5, "cut wan-a east west"}},
+                                      .check = true});
   EXPECT_EQ(tl.code, 0) << tl.output;
   ASSERT_GE(tl.rows.size(), 5u) << tl.output;
   std::uint64_t wrong = 0;
@@ -273,7 +210,7 @@ TEST(RoutingLabTest, APlaneCutEntirelyLosesNothing) {
   EXPECT_EQ(wrong, 0u) << tl.output;
   // After the cut, nothing crosses on wan-a any more, and the ops go on.
   const auto& last = tl.rows.back();
-  EXPECT_LT(shareOfPath0(last), 0.01) << tl.output;
+  EXPECT_LT(shareOfPath(last, 0), 0.01) << tl.output;
   EXPECT_GT(last["ops"].get<int>(), 0);
 }
 
@@ -325,9 +262,10 @@ TEST(RoutingLabTest, HierarchicalBeatsTheFlatRingAcrossThreeRegions) {
   auto up = session.up();
   ASSERT_EQ(up.code, 0) << up.output;
   makeWanTheBottleneck(session);
-  Timeline ring = runTimeline(session, "MERIDIAN_ALGO=ring", 14, {}, 0, true, "4M", 2);
+  Timeline ring = runTimeline(session, {.env = "MERIDIAN_ALGO=ring", .seconds = 14, .changes = {}, .check = true, .size = "4M", .interval = 2});
   ASSERT_EQ(ring.code, 0) << ring.output;
-  Timeline hier = runTimeline(session, "MERIDIAN_ALGO=hierarchical", 14, {}, 0, true, "4M", 2);
+  Timeline hier =
+      runTimeline(session, {.env = "MERIDIAN_ALGO=hierarchical", .seconds = 14, .changes = {}, .check = true, .size = "4M", .interval = 2});
   ASSERT_EQ(hier.code, 0) << hier.output;
   const Summary r = summarize(ring.rows, 2), h = summarize(hier.rows, 2);
   ASSERT_GT(r.ops, 0u) << ring.output;
@@ -338,7 +276,7 @@ TEST(RoutingLabTest, HierarchicalBeatsTheFlatRingAcrossThreeRegions) {
   std::printf("[ routing  ] 4 MiB across 3 regions: ring %.2f s/op, %.1f MiB across; hierarchical %.2f s/op, %.1f MiB\n",
               r.secPerOp, r.crossBytesPerOp / (1 << 20), h.secPerOp, h.crossBytesPerOp / (1 << 20));
 
-  Timeline planned = runTimeline(session, "MERIDIAN_ALGO=auto", 16, {}, 0, true, "4M", 2);
+  Timeline planned = runTimeline(session, {.env = "MERIDIAN_ALGO=auto", .changes = {}, .check = true, .size = "4M", .interval = 2});
   ASSERT_EQ(planned.code, 0) << planned.output;
   ASSERT_FALSE(planned.rows.empty());
   EXPECT_EQ(planned.rows.back()["algorithm"], "hierarchical") << planned.output;
@@ -360,7 +298,12 @@ TEST(RoutingLabTest, ASlowRegionPairIsRelayedThroughTheThirdRegion) {
   for (const char* plane : {"wan-a", "wan-b"}) {
     ASSERT_EQ(session.run(fmt::format("set {} london virginia --rate 2Mbit --queue 25KB", plane)).code, 0);
   }
-  Timeline tl = runTimeline(session, "MERIDIAN_ALGO=hierarchical MERIDIAN_LOG=info:routing", 24, {}, 0, true, "4M", 2);
+  Timeline tl = runTimeline(session, {.env = "MERIDIAN_ALGO=hierarchical MERIDIAN_LOG=info:routing",
+                                      .seconds = 24,
+                                      .changes = {},
+                                      .check = true,
+                                      .size = "4M",
+                                      .interval = 2});
   ASSERT_EQ(tl.code, 0) << tl.output;
   EXPECT_EQ(summarize(tl.rows, 0).wrong, 0u);
   // "[rank 0] [info] [routing] relay to rank 2 through rank 4 (plane 0): ..."
@@ -393,7 +336,13 @@ TEST(RoutingLabTest, RandomForcedReplansDuringAThousandCollectives) {
   LabSession session("mlroute", file, "--time-scale 0.02");
   auto up = session.up();
   ASSERT_EQ(up.code, 0) << up.output;
-  Timeline tl = runTimeline(session, "MERIDIAN_CHAOS_REPLAN_MS=20", 30, {}, 0, true, "262148", 5, 1000);
+  Timeline tl = runTimeline(session, {.env = "MERIDIAN_CHAOS_REPLAN_MS=20",
+                                      .seconds = 30,
+                                      .changes = {},
+                                      .check = true,
+                                      .size = "262148",
+                                      .interval = 5,
+                                      .minOps = 1000});
   ASSERT_EQ(tl.code, 0) << tl.output;
   const Summary s = summarize(tl.rows, 0);
   EXPECT_EQ(s.wrong, 0u) << tl.output;

@@ -2,7 +2,8 @@
 // channel of the TCP device can hold, between two devices in one process on loopback:
 //   tcp            one TCP path
 //   tcp;ofi_rxm    one fabric path on libfabric's tcp;ofi_rxm provider (the TCP path beside
-//                  it weighted down: it carries nothing while the fabric path is up)
+//                  it on standby, MERIDIAN_FABRIC_TCP=standby: it carries no data while the
+//                  fabric path is up)
 //   shm            the same on libfabric's shm provider
 //   mixed-*        one TCP path and one fabric path, striped
 // Real libfabric providers, real sockets; nothing mocked.
@@ -32,7 +33,7 @@ constexpr std::size_t kFabricPath = 1;  // the fabric path's index: after the on
 struct Kind {
   const char* name;
   const char* provider;  // "" : no fabric
-  bool fabricOnly;       // the TCP path weighted down while the fabric path is up
+  bool fabricOnly;       // the TCP path on standby (DeviceOptions::Fabric::tcp)
 };
 
 std::string kindName(const ::testing::TestParamInfo<Kind>& info) {
@@ -69,6 +70,7 @@ class ConformanceTest : public ::testing::TestWithParam<Kind> {
     o.directRead = false;
     o.fabric.mode = *k.provider != '\0' ? "on" : "off";
     o.fabric.provider = k.provider;
+    o.fabric.tcp = k.fabricOnly ? "standby" : "data";
     for (int side = 0; side < 2; ++side) {
       o.name = fmt::format("cf{}{}", pairs, side == 0 ? 'a' : 'b');
       auto dev = TcpDevice::create(o);
@@ -83,10 +85,6 @@ class ConformanceTest : public ::testing::TestWithParam<Kind> {
                                          ch_[1]->pathStats()[kFabricPath].alive; },
                             kTimeout))
           << "the fabric path never came up";
-      if (k.fabricOnly) {
-        const double tcpDown[] = {0.0, 1.0};
-        for (auto& c : ch_) c->setPathWeights(tcpDown);
-      }
     } else {
       ASSERT_EQ(ch_[0]->pathStats().size(), 1u) << "MERIDIAN_FABRIC off: TCP paths only";
     }
@@ -151,7 +149,7 @@ TEST_P(ConformanceTest, MessagesFromZeroBytesTo64MiBArriveByteExactBothWays) {
   const std::uint64_t onTcp = after[0] - before[0], onFabric = after[kFabricPath] - before[kFabricPath];
   EXPECT_GT(onFabric, 0u) << "the fabric path carried nothing";
   if (GetParam().fabricOnly) {
-    EXPECT_EQ(onTcp, 0u) << "the TCP path, weighted down, carried chunks while the fabric path was up";
+    EXPECT_EQ(onTcp, 0u) << "the TCP path, on standby, carried chunks while the fabric path was up";
   } else {
     EXPECT_GT(onTcp, 0u) << "a mixed channel striped nothing over its TCP path";
   }
@@ -231,7 +229,10 @@ TEST_P(FabricPathCutTest, AFabricPathCutMidMessageLosesNothing) {
   ASSERT_TRUE(r->wait(deadline).isOk()) << r->status().toString();
   EXPECT_EQ(got, data);
   EXPECT_FALSE(ch_[0]->pathStats()[kFabricPath].alive);
+  const auto before = chunksSent(0);
   ASSERT_NO_FATAL_FAILURE(transfer(0, 5 << 20, 5 << 20, 10));
+  // With the fabric path gone, the TCP path carries the data, standby or not.
+  EXPECT_GT(chunksSent(0)[0], before[0]) << "the TCP path did not take the data over";
 }
 
 // ---- fabric settings and peers that do not fit: one clear line, TCP goes on where it can

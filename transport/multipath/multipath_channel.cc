@@ -372,6 +372,13 @@ void MultipathChannel::schedule(std::int64_t nowUs) {
                         0.0,
                         config_.adaptive ? p.weight.load(std::memory_order_relaxed) : 1.0,
                         cold};
+  }
+  // Standby paths (TCP beside fabric paths under MERIDIAN_FABRIC_TCP=standby) take data only
+  // while no other path is usable.
+  bool activeUsable = false;
+  for (std::size_t i = 0; i < paths_.size(); ++i) activeUsable |= loads[i].usable && !paths_[i]->endpoints.standby;
+  for (std::size_t i = 0; i < paths_.size(); ++i) {
+    if (activeUsable && paths_[i]->endpoints.standby) loads[i].usable = false;
     anyUsable = anyUsable || loads[i].usable;
   }
   if (!anyUsable) {
@@ -624,7 +631,8 @@ void MultipathChannel::checkStalls(std::int64_t nowUs) {
   for (const auto& q : paths_) {
     if (!usable(*q)) continue;
     ++live;
-    if (q->unackedBytes == 0 && q->weight.load(std::memory_order_relaxed) > 0) ++idle;
+    // A standby path is always idle while it stands by: no sooner move for that.
+    if (q->unackedBytes == 0 && q->weight.load(std::memory_order_relaxed) > 0 && !q->endpoints.standby) ++idle;
   }
   for (std::size_t i = 0; i < paths_.size(); ++i) {
     PathState& p = *paths_[i];

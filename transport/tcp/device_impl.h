@@ -316,7 +316,10 @@ struct TcpDevice::Impl {
   // The loop's rounds until the device stops (loop() catches what escapes them).
   void runRounds(epoll_event* events);
   // One round of the engine over `n` ready events; the caller holds poller->mu.
-  void processEvents(const epoll_event* events, int n);
+  // One round; true when it moved anything: an event other than a rail's wait fd, or a rail
+  // completion (a rail's fd stays readable while its provider has bytes to chew on, which is
+  // no reason for a waiting thread to keep spinning).
+  bool processEvents(const epoll_event* events, int n);
   void acceptAll(std::size_t listenerIndex);
   void stepHandshake(PendingHandshake& hs, std::uint32_t events);
   // Whether an authenticated client may have what it asks for (ServerHandshake::Admit).
@@ -366,7 +369,7 @@ struct TcpDevice::Impl {
   void takeRailNames(ChannelEntry& e, std::span<const std::uint8_t> bytes);
   // One round of the rails' completions (before the events), and of every channel's
   // fabric paths (after them).
-  void progressRails();
+  std::size_t progressRails();  // completions handled
   void pumpFabricPaths(ChannelEntry& e, std::int64_t now);
   // The milliseconds the loop may sleep in epoll as far as the rails are concerned.
   int railSleepMs(int wanted);

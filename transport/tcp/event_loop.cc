@@ -35,15 +35,17 @@ void TcpDevice::Impl::progressChannels() {
   }
 }
 
-void TcpDevice::Impl::processEvents(const epoll_event* events, int n) {
+bool TcpDevice::Impl::processEvents(const epoll_event* events, int n) {
   // Posts since the last round go in first (once per round), so data lands in place.
   for (auto& e : channels) {
     if (e->ready && !e->engine->failed()) e->engine->drainPosted();
   }
-  progressRails();
+  bool worked = progressRails() > 0;
   for (int i = 0; i < n; ++i) {
     int fd = events[i].data.fd;
     std::uint32_t ev = events[i].events;
+    if (std::any_of(rails.begin(), rails.end(), [fd](const auto& r) { return r->waitFd() == fd; })) continue;
+    worked = true;
     if (fd == waker->fd.get()) {
       std::uint64_t v;
       // EAGAIN: another thread drained it first.
@@ -84,6 +86,7 @@ void TcpDevice::Impl::processEvents(const epoll_event* events, int n) {
   }
   for (auto& c : cmds) c();
   progressChannels();
+  return worked || !cmds.empty();
 }
 
 bool Poller::pollOnce(bool* ran) {
@@ -93,8 +96,7 @@ bool Poller::pollOnce(bool* ran) {
   if (!lock.owns_lock() || impl == nullptr) return false;
   epoll_event events[64];
   int n = ::epoll_wait(impl->epfd.get(), events, 64, 0);
-  impl->processEvents(events, std::max(n, 0));
-  return n > 0;
+  return impl->processEvents(events, std::max(n, 0));
 }
 
 void TcpDevice::Impl::loop() {

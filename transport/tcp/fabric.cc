@@ -37,8 +37,9 @@ Status TcpDevice::Impl::openRails() {
   fabric::RailOptions ro;
   ro.provider = provider;
   ro.domain = f.domain;
-  // An IP provider listens on the first path's address (a plane's); the others address by NIC.
-  if (provider == "tcp;ofi_rxm" && !localIps.empty()) ro.sourceAddress = localIps.front();
+  // An IP provider listens on the first path's address (a plane's) unless a domain (an
+  // interface, for IP providers) names another; the others address by NIC.
+  if (provider == "tcp;ofi_rxm" && f.domain.empty() && !localIps.empty()) ro.sourceAddress = localIps.front();
   auto rail = fabric::Rail::open(ro);
   if (!rail) {
     if (f.mode == "on") return rail.status().withContext("MERIDIAN_FABRIC=on");
@@ -117,17 +118,19 @@ void TcpDevice::Impl::takeRailNames(ChannelEntry& e, std::span<const std::uint8_
   }
 }
 
-void TcpDevice::Impl::progressRails() {
+std::size_t TcpDevice::Impl::progressRails() {
+  std::size_t done = 0;
   for (std::size_t k = 0; k < rails.size(); ++k) {
     fabric::Rail& rail = *rails[k];
     const bool wasOk = rail.failure().isOk();
-    rail.progress();
+    done += rail.progress();
     if (!wasOk || rail.failure().isOk()) continue;
     // The rail itself broke (logged by the rail): every path on it fails over.
     for (auto& e : channels) {
       if (k < e->fabric.size() && e->fabric[k] && !e->fabric[k]->failed()) e->fabric[k]->fail(rail.failure());
     }
   }
+  return done;
 }
 
 void TcpDevice::Impl::pumpFabricPaths(ChannelEntry& e, std::int64_t now) {

@@ -235,6 +235,9 @@ std::unique_ptr<ChannelEntry> TcpDevice::Impl::makeEntry(std::uint64_t sessionId
   entry->directPaths = endpoints.size();
   entry->peerAddresses = std::move(peerAddresses);
   if (options.relaySlot) endpoints.push_back({"", "relay", true});
+  if (!rails.empty() && options.fabric.tcp == "standby") {
+    for (auto& ep : endpoints) ep.standby = true;
+  }
   entry->streams.resize(endpoints.size());
   entry->expectedStreams.assign(endpoints.size(), 0);
   for (std::size_t k = 0; k < rails.size(); ++k) {
