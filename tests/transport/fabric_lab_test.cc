@@ -89,19 +89,21 @@ TEST_F(FabricLabTest, CongestingTheFabricPlaneMovesTrafficToTcpAndBack) {
               cut, restored, shareOfPath(before.back(), kFabricPath), bestFabricShare(congested), best);
 }
 
-// wan-a cut entirely for 7 s while checked allreduces run: every result is right (the fabric
+// wan-a cut entirely for 9 s while checked allreduces run: every result is right (the fabric
 // path's chunks move to the TCP path when it stalls), nothing crosses on the fabric path
 // meanwhile, and after the restore the fabric path carries bytes again.
 TEST_F(FabricLabTest, CuttingTheFabricPlaneLosesNothingAndThePathComesBack) {
   Timeline tl = runTimeline(*session_, {.env = "MERIDIAN_PATH_STALL_MS=1000 MERIDIAN_ALGO=ring MERIDIAN_LOG=info:transport",
-                                        .seconds = 24,
-                                        .changes = {{8, "cut wan-a east west"}, {15, "restore wan-a east west"}},
+                                        .seconds = 26,
+                                        .changes = {{8, "cut wan-a east west"}, {17, "restore wan-a east west"}},
                                         .check = true});
   ASSERT_EQ(tl.code, 0) << tl.output;
   ASSERT_EQ(tl.startSec.size(), 2u) << tl.output;
   EXPECT_EQ(wrongElements(tl), 0u) << tl.output;
   const double cut = tl.startSec[0], restored = tl.startSec[1];
-  auto during = rowsWithin(tl, cut + 2, restored);
+  // From 1.5 s after the cut (the stall limit is 1 s) to the restore; ops under the cut take
+  // 2-3 s, so the 9 s cut holds at least one whole row.
+  auto during = rowsWithin(tl, cut + 1.5, restored);
   ASSERT_FALSE(during.empty()) << tl.output;
   for (const auto& r : during) {
     EXPECT_LT(shareOfPath(r, kFabricPath), 0.01) << "at t=" << r["t"] << ": " << tl.output;
@@ -110,7 +112,9 @@ TEST_F(FabricLabTest, CuttingTheFabricPlaneLosesNothingAndThePathComesBack) {
   auto after = rowsWithin(tl, restored + 3, 1e9);
   ASSERT_FALSE(after.empty()) << tl.output;
   const double best = bestFabricShare(after);
-  EXPECT_GT(best, 0.1) << "the fabric path did not come back: " << tl.output;
+  // It comes back when the provider's own TCP connection retransmits (its backoff after a 9 s
+  // cut: a few seconds), and its share grows from there: carrying bytes again is the check.
+  EXPECT_GT(best, 0.02) << "the fabric path did not come back: " << tl.output;
   std::printf("[ fabric   ] wan-a cut at t=%.1f s, restored at %.1f s: %zu rows during the cut on TCP alone, "
               "fabric share %.2f at best after\n",
               cut, restored, during.size(), best);
