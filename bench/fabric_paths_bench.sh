@@ -23,7 +23,9 @@ tmp=$(mktemp -d)
 cleanup() { "${lab[@]}" down >/dev/null 2>&1 || true; rm -rf "$tmp"; }
 trap cleanup EXIT
 out="$root/bench/results/fabric-paths.md"
-median() { python3 -c 'import sys; v=sorted(float(x) for x in sys.argv[1:]); print(f"{v[len(v)//2]:.3f}" if v else "-")' "$@"; }
+# median V...: full precision (for ratios); show V [DIGITS]: rounded for the tables.
+median() { python3 -c 'import sys; v=sorted(float(x) for x in sys.argv[1:]); print(v[len(v)//2] if v else 0)' "$@"; }
+show() { python3 -c 'import sys; print(f"{float(sys.argv[1]):.{int(sys.argv[2])}f}")' "$1" "${2:-3}"; }
 ratio() { python3 -c 'import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); print(f"{a/b:.2f}" if b>0 else "-")' "$1" "$2"; }
 
 # ---- 1. loopback, transport bench
@@ -59,7 +61,7 @@ done
   tcp=$(median ${gbps[tcp]})
   for k in "${order[@]}"; do
     m=$(median ${gbps[$k]})
-    echo "| $k | \`${kinds[$k]}\` | $m | ${gbps[$k]# } | $(ratio "$m" "$tcp") |"
+    echo "| $k | \`${kinds[$k]}\` | $(show "$m") | ${gbps[$k]# } | $(ratio "$m" "$tcp") |"
   done
 } > "$out.tmp"
 
@@ -92,7 +94,7 @@ done
   d16=$(median ${l16[direct]})
   for k in "${lorder[@]}"; do
     m16=$(median ${l16[$k]})
-    echo "| $k | \`${local[$k]}\` | $(median ${l1[$k]}) | $m16 | $(ratio "$m16" "$d16") |"
+    echo "| $k | \`${local[$k]}\` | $(show "$(median ${l1[$k]})") | $(show "$m16") | $(ratio "$m16" "$d16") |"
   done
 } >> "$out.tmp"
 
@@ -111,7 +113,7 @@ for r in $(seq "$labrounds"); do
   for k in "${porder[@]}"; do
     MERIDIAN_ALGO=ring "${lab[@]}" exec-all -- env ${planes[$k]} "$mbench" --ops all_reduce -b 16M -e 16M \
       --duration 12 --interval 1 --check 0 --json "$tmp/p.json" >/dev/null 2>&1
-    v=$(python3 -c 'import json,sys; r=[x["busbw_gbps"] for x in json.load(open(sys.argv[1]))["timeline"] if x["t_start"]>=2]; r.sort(); print(r[len(r)//2] if r else 0)' "$tmp/p.json")
+    v=$(python3 -c 'import json,sys; r=[x["busbw_gbps"] for x in json.load(open(sys.argv[1]))["timeline"] if x["t_start"]>=2]; r.sort(); print(f"{r[len(r)//2]:.5f}" if r else 0)' "$tmp/p.json")
     bw[$k]="${bw[$k]:-} $v"
   done
 done
@@ -127,7 +129,7 @@ done
   echo
   echo "| paths | environment | busbw GB/s (median) | rounds |"
   echo "| --- | --- | --- | --- |"
-  for k in "${porder[@]}"; do echo "| $k | \`${planes[$k]}\` | $(median ${bw[$k]}) | ${bw[$k]# } |"; done
+  for k in "${porder[@]}"; do echo "| $k | \`${planes[$k]}\` | $(show "$(median ${bw[$k]})" 4) | ${bw[$k]# } |"; done
   mixed=$(median ${bw[mixed]}); t=$(median ${bw[tcp-alone]}); f=$(median ${bw[fabric-alone]})
   echo
   echo "Mixed over TCP alone: **$(ratio "$mixed" "$t")x**; mixed over the fabric path alone: **$(ratio "$mixed" "$f")x** (target: at least 1.8x each)."
