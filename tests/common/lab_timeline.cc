@@ -71,14 +71,26 @@ double shareOfPath(const nlohmann::json& row, std::size_t path) {
   return all > 0 && path < b.size() ? b[path].get<double>() / all : 0;
 }
 
+std::vector<nlohmann::json> rowsWithin(const nlohmann::json& rows, double from, double to) {
+  std::vector<nlohmann::json> out;
+  for (const auto& r : rows) {
+    if (r["t_start"].get<double>() >= from && r["t"].get<double>() <= to) out.push_back(r);
+  }
+  return out;
+}
+
 double medianBusbw(const nlohmann::json& rows, double from, double to) {
   std::vector<double> v;
-  for (const auto& r : rows) {
-    if (r["t_start"].get<double>() >= from && r["t"].get<double>() <= to) v.push_back(r["busbw_gbps"].get<double>());
-  }
+  for (const auto& r : rowsWithin(rows, from, to)) v.push_back(r["busbw_gbps"].get<double>());
   if (v.empty()) return -1;
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+std::uint64_t wrongElements(const nlohmann::json& rows) {
+  std::uint64_t wrong = 0;
+  for (const auto& r : rows) wrong += r["wrong"].get<std::uint64_t>();
+  return wrong;
 }
 
 }  // namespace meridian::testing

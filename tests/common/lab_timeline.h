@@ -3,6 +3,7 @@
 // at chosen points of the run, with the changes placed on the bench's own clock.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -48,7 +49,13 @@ Timeline runTimeline(LabSession& session, const TimelineRun& run);
 // The share of a row's cross-region bytes that went over path `path` (0 when none moved).
 double shareOfPath(const nlohmann::json& row, std::size_t path);
 
+// The rows wholly inside [from, to] on the timeline's clock (t_start >= from, t <= to).
+std::vector<nlohmann::json> rowsWithin(const nlohmann::json& rows, double from, double to);
+
 // Median busbw of the rows wholly inside [from, to]; -1 when no row is.
 double medianBusbw(const nlohmann::json& rows, double from, double to);
+
+// Wrong elements over every row (meaningful with TimelineRun::check).
+std::uint64_t wrongElements(const nlohmann::json& rows);
 
 }  // namespace meridian::testing

@@ -27,9 +27,11 @@ namespace {
 using meridian::testing::LabChange;
 using meridian::testing::LabSession;
 using meridian::testing::medianBusbw;
+using meridian::testing::rowsWithin;
 using meridian::testing::runTimeline;
 using meridian::testing::shareOfPath;
 using meridian::testing::Timeline;
+using meridian::testing::wrongElements;
 
 void checkMatrix(const std::string& topologyName, double timeScale) {
   const std::string file = fmt::format("{}/lab/topologies/{}.yaml", MERIDIAN_SOURCE_DIR, topologyName);
@@ -121,9 +123,7 @@ void checkTrafficMovesOffACongestedPlane(LabSession& session, const lab::Topolog
   EXPECT_GE(recovered, 0.65 * after) << "adaptive under " << what << ": " << adaptive.output;
   // From 2 s after the change on, wan-a carries about its share of the remaining capacity
   // (20 of 120 Mbit/s), not half.
-  for (const auto& row : adaptive.rows) {
-    if (row["t_start"].get<double>() < adaptive.changeAtSec() + 2) continue;
-    if (row["t"].get<double>() > congestedUntil(adaptive)) continue;
+  for (const auto& row : rowsWithin(adaptive.rows, adaptive.changeAtSec() + 2, congestedUntil(adaptive))) {
     EXPECT_LT(shareOfPath(row, 0), 0.3) << "at t=" << row["t"] << ": " << adaptive.output;
   }
   ASSERT_EQ(session.run(restore).code, 0);
@@ -205,9 +205,7 @@ TEST(RoutingLabTest, APlaneCutEntirelyLosesNothing) {
                                       .check = true});
   EXPECT_EQ(tl.code, 0) << tl.output;
   ASSERT_GE(tl.rows.size(), 5u) << tl.output;
-  std::uint64_t wrong = 0;
-  for (const auto& row : tl.rows) wrong += row["wrong"].get<std::uint64_t>();
-  EXPECT_EQ(wrong, 0u) << tl.output;
+  EXPECT_EQ(wrongElements(tl.rows), 0u) << tl.output;
   // After the cut, nothing crosses on wan-a any more, and the ops go on.
   const auto& last = tl.rows.back();
   EXPECT_LT(shareOfPath(last, 0), 0.01) << tl.output;

@@ -34,26 +34,11 @@ class FabricLabTest : public ::testing::Test {
   std::unique_ptr<LabSession> session_;
 };
 
-// Rows wholly inside [from, to] on the timeline's clock.
-std::vector<nlohmann::json> rowsWithin(const Timeline& tl, double from, double to) {
-  std::vector<nlohmann::json> out;
-  for (const auto& r : tl.rows) {
-    if (r["t_start"].get<double>() >= from && r["t"].get<double>() <= to) out.push_back(r);
-  }
-  return out;
-}
-
 // The largest share of the fabric path among `rows` (0 when none).
 double bestFabricShare(const std::vector<nlohmann::json>& rows) {
   double best = 0;
   for (const auto& r : rows) best = std::max(best, shareOfPath(r, kFabricPath));
   return best;
-}
-
-std::uint64_t wrongElements(const Timeline& tl) {
-  std::uint64_t wrong = 0;
-  for (const auto& r : tl.rows) wrong += r["wrong"].get<std::uint64_t>();
-  return wrong;
 }
 
 // wan-a (the fabric plane) from 100 to 20 Mbit/s for 7 s (from 9 s after the launch: the bench's
@@ -69,18 +54,18 @@ TEST_F(FabricLabTest, CongestingTheFabricPlaneMovesTrafficToTcpAndBack) {
   ASSERT_EQ(tl.startSec.size(), 2u) << "the changes were not placed on the timeline: " << tl.output;
   const double cut = tl.startSec[0], restored = tl.startSec[1];
   // The fabric paths are up and carry their share while both planes are equal.
-  auto before = rowsWithin(tl, 0, cut);
+  auto before = rowsWithin(tl.rows, 0, cut);
   ASSERT_FALSE(before.empty()) << tl.output;
   for (const auto& r : before) {
     EXPECT_GT(shareOfPath(r, kFabricPath), 0.25) << "at t=" << r["t"] << ": " << tl.output;
   }
-  auto congested = rowsWithin(tl, cut + 2, restored);
+  auto congested = rowsWithin(tl.rows, cut + 2, restored);
   ASSERT_FALSE(congested.empty()) << tl.output;
   for (const auto& r : congested) {
     EXPECT_LT(shareOfPath(r, kFabricPath), 0.3) << "at t=" << r["t"] << ": " << tl.output;
   }
   // Back: the last rows, from 4 s after the restore on, give the fabric path a fair part.
-  auto after = rowsWithin(tl, restored + 4, 1e9);
+  auto after = rowsWithin(tl.rows, restored + 4, 1e9);
   ASSERT_FALSE(after.empty()) << tl.output;
   const double best = bestFabricShare(after);
   EXPECT_GT(best, 0.3) << "the fabric path did not take its share back: " << tl.output;
@@ -99,17 +84,17 @@ TEST_F(FabricLabTest, CuttingTheFabricPlaneLosesNothingAndThePathComesBack) {
                                         .check = true});
   ASSERT_EQ(tl.code, 0) << tl.output;
   ASSERT_EQ(tl.startSec.size(), 2u) << tl.output;
-  EXPECT_EQ(wrongElements(tl), 0u) << tl.output;
+  EXPECT_EQ(wrongElements(tl.rows), 0u) << tl.output;
   const double cut = tl.startSec[0], restored = tl.startSec[1];
   // From 1.5 s after the cut (the stall limit is 1 s) to the restore; ops under the cut take
   // 2-3 s, so the 9 s cut holds at least one whole row.
-  auto during = rowsWithin(tl, cut + 1.5, restored);
+  auto during = rowsWithin(tl.rows, cut + 1.5, restored);
   ASSERT_FALSE(during.empty()) << tl.output;
   for (const auto& r : during) {
     EXPECT_LT(shareOfPath(r, kFabricPath), 0.01) << "at t=" << r["t"] << ": " << tl.output;
     EXPECT_GT(r["ops"].get<int>(), 0) << "the ops stopped during the cut: " << tl.output;
   }
-  auto after = rowsWithin(tl, restored + 3, 1e9);
+  auto after = rowsWithin(tl.rows, restored + 3, 1e9);
   ASSERT_FALSE(after.empty()) << tl.output;
   const double best = bestFabricShare(after);
   // It comes back when the provider's own TCP connection retransmits (its backoff after a 9 s

@@ -102,6 +102,7 @@ MultipathChannel::MultipathChannel(int peerRank, std::vector<PathEndpoints> path
   for (std::size_t i = 0; i < paths.size(); ++i) {
     auto p = std::make_unique<PathState>();
     p->endpoints = paths[i];
+    anyStandby_ = anyStandby_ || paths[i].standby;
     p->alive.store(!paths[i].relay && !paths[i].deferred, std::memory_order_relaxed);
     MetricLabels labels{{"device", config_.deviceName},
                         {"peer", peer},
@@ -376,7 +377,9 @@ void MultipathChannel::schedule(std::int64_t nowUs) {
   // Standby paths (TCP beside fabric paths under MERIDIAN_FABRIC_TCP=standby) take data only
   // while no other path is usable.
   bool activeUsable = false;
-  for (std::size_t i = 0; i < paths_.size(); ++i) activeUsable |= loads[i].usable && !paths_[i]->endpoints.standby;
+  for (std::size_t i = 0; anyStandby_ && i < paths_.size(); ++i) {
+    activeUsable |= loads[i].usable && !paths_[i]->endpoints.standby;
+  }
   for (std::size_t i = 0; i < paths_.size(); ++i) {
     if (activeUsable && paths_[i]->endpoints.standby) loads[i].usable = false;
     anyUsable = anyUsable || loads[i].usable;

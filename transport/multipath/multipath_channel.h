@@ -145,6 +145,7 @@ class MultipathChannel final : public Channel,
   std::vector<PathLoad> loads_;  // scratch for schedule()
   std::vector<std::uint64_t> assignedBytes_;  // static striping: bytes ever assigned per path
   std::atomic<bool> rerateAny_{false};         // some path's weight went up (setPathWeights)
+  bool anyStandby_ = false;                    // some path is PathEndpoints::standby (fixed at creation)
   std::uint64_t drainedSendSeqEnd_ = 0;  // every seq below this was taken into sending_
   std::deque<std::shared_ptr<OutMessage>> sending_;
   std::unordered_map<std::uint64_t, std::shared_ptr<OutMessage>> sendingBySeq_;
