@@ -7,6 +7,9 @@
 # which is the baseline of the ratio. The one-process transport bench (both devices in one
 # process, the caller blocking in wait) is shown too, for reference.
 # Alternating in one run, ROUNDS times per size; medians and their ratio.
+# Then the plugin against a plain one (libnccl-net-plainsock.so, bench/plainsock_plugin.cc: one
+# TCP socket per connection, no striping, progress inside test()), both driven the same way,
+# 4 MiB messages, 8 in flight, each plugin with its defaults, as a new user would run them.
 # Usage: bench/nccl_plugin_bench.sh [BUILD_DIR] [ROUNDS]    Writes bench/results/nccl-plugin.md.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -66,5 +69,40 @@ for size in 1M 16M 64M; do
     "$(xargs printf '%.0f ' < "$tmp/t")" "$(xargs printf '%.0f ' < "$tmp/p")" >> "$tmp/table"
   echo "$size: transport $t MiB/s, plugin $p MiB/s ($ratio); one process $o MiB/s" >&2
 done
+# Against a plain plugin: each with its own defaults (the knobs set above are cleared).
+plain() {  # plain PLUGIN: MiB/s at the receiver
+  local h="$tmp/handle"
+  rm -f "$h"*
+  env -u MERIDIAN_PATHS -u MERIDIAN_TCP_STREAMS "$check" --plugin "$1" --listen --handle-file "$h" --bench 4M \
+    --iters 1024 --inflight 8 > "$tmp/rx.log" 2>&1 &
+  local rx=$!
+  env -u MERIDIAN_PATHS -u MERIDIAN_TCP_STREAMS "$check" --plugin "$1" --connect --handle-file "$h" --bench 4M \
+    --iters 1024 --inflight 8 > "$tmp/tx.log" 2>&1 || { cat "$tmp/tx.log" >&2; exit 1; }
+  wait "$rx" || { cat "$tmp/rx.log" >&2; exit 1; }
+  awk '/streamed/ {print $(NF-1)}' "$tmp/rx.log"
+}
+export LD_LIBRARY_PATH="$build/bench:$LD_LIBRARY_PATH"
+: > "$tmp/plain"; : > "$tmp/mer"
+for r in $(seq "$rounds"); do
+  plain libnccl-net-plainsock.so >> "$tmp/plain"
+  plain libnccl-net-meridian.so >> "$tmp/mer"
+done
+pm=$(median < "$tmp/plain"); mm=$(median < "$tmp/mer")
+ratio=$(awk -v a="$mm" -v b="$pm" 'BEGIN {printf "%.2f", a / b}')
+{
+  echo
+  echo "## Against a plain plugin"
+  echo
+  echo "\`meridian-nccl-check --plugin P --listen/--connect --bench 4M --iters 1024 --inflight 8\`, each plugin with its"
+  echo "defaults (Meridian: one loopback path, 2 TCP streams); P = libnccl-net-plainsock.so (bench/plainsock_plugin.cc:"
+  echo "one TCP socket per connection, no striping, progress inside test()) or libnccl-net-meridian.so. MiB/s at the"
+  echo "receiver, median of $rounds alternating rounds."
+  echo
+  echo "| plain plugin (MiB/s) | Meridian (MiB/s) | Meridian / plain | rounds: plain | rounds: Meridian |"
+  echo "| --- | --- | --- | --- | --- |"
+  printf "| %.0f | %.0f | %s | %s | %s |\n" "$pm" "$mm" "$ratio" "$(xargs printf '%.0f ' < "$tmp/plain")" \
+    "$(xargs printf '%.0f ' < "$tmp/mer")"
+} >> "$tmp/table"
+echo "plain plugin $pm MiB/s, Meridian $mm MiB/s ($ratio)" >&2
 mv "$tmp/table" "$out"
 cat "$out"
