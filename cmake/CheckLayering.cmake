@@ -13,7 +13,7 @@ set(allowed_trainer core kernels transport bootstrap routing collectives trainer
 set(allowed_monitoring core monitoring)
 set(allowed_nccl_plugin core transport routing nccl_plugin)
 set(allowed_lab core lab)
-set(allowed_bench core kernels transport bootstrap routing collectives trainer monitoring bench)
+set(allowed_bench core kernels transport bootstrap routing collectives trainer monitoring nccl_plugin bench)
 set(allowed_tools core kernels transport bootstrap routing collectives tools)
 set(layers core kernels transport bootstrap routing collectives trainer monitoring nccl_plugin lab bench tools)
 set(violations "")

@@ -213,7 +213,7 @@ int deregMr(void* comm, void* mhandle) {
   return guarded("deregMr", [&] {
     Core* c = core();
     if (c == nullptr || (!c->isSend(comm) && !c->isRecv(comm))) return fail("deregMr", invalidArgument("an unknown comm"));
-    c->deregMr(static_cast<MemHandle*>(mhandle));
+    if (Status st = c->deregMr(static_cast<MemHandle*>(mhandle)); !st.isOk()) return fail("deregMr", st);
     return kNcclSuccess;
   });
 }

@@ -543,18 +543,39 @@ Result<RecvComm*> Core::accept(ListenComm* listen) {
 }
 
 Result<MemHandle*> Core::regMr(void* data, std::size_t size, int type) {
-  // Host memory over TCP needs no registration: the handle only remembers the range, so
-  // registering sub-ranges over and over costs nothing.
-  auto mr = std::make_unique<MemHandle>(MemHandle{data, size, type});
+  // Every device registers the range (regIsGlobal): fabric rails for sends in place, through
+  // their registration caches, so sub-ranges of a registered buffer, as NCCL registers
+  // them over and over, cost no new registration; TCP alone registers nothing.
+  auto mr = std::make_unique<MemHandle>(MemHandle{data, size, type, {}});
+  for (std::size_t d = 0; d < devices_.size(); ++d) {
+    auto region = devices_[d].transport->registerMemory(data, size);
+    if (!region) {
+      for (std::size_t i = 0; i < mr->regions.size(); ++i) (void)devices_[i].transport->deregisterMemory(mr->regions[i]);
+      return region.status();
+    }
+    mr->regions.push_back(region.value());
+  }
   std::lock_guard lock(mu_);
   MemHandle* raw = mr.get();
   mrs_[raw] = std::move(mr);
   return raw;
 }
 
-void Core::deregMr(MemHandle* mr) {
-  std::lock_guard lock(mu_);
-  mrs_.erase(mr);
+Status Core::deregMr(MemHandle* mr) {
+  std::unique_ptr<MemHandle> owned;
+  {
+    std::lock_guard lock(mu_);
+    auto it = mrs_.find(mr);
+    if (it == mrs_.end()) return invalidArgument("deregMr of an unknown memory handle");
+    owned = std::move(it->second);
+    mrs_.erase(it);
+  }
+  Status first;
+  for (std::size_t d = 0; d < owned->regions.size(); ++d) {
+    Status st = devices_[d].transport->deregisterMemory(owned->regions[d]);
+    if (first.isOk() && !st.isOk()) first = st;
+  }
+  return first;
 }
 
 Result<PluginRequest*> Core::isend(SendComm* comm, void* data, std::size_t size, int tag) {

@@ -107,6 +107,9 @@ struct MemHandle {
   void* data = nullptr;
   std::size_t size = 0;
   int type = 0;
+  // The range as each device registered it (regIsGlobal: one handle serves every comm), in
+  // device order: fabric rails register it; TCP alone needs nothing (key 0).
+  std::vector<transport::MemoryRegion> regions;
 };
 struct PluginRequest;
 struct Route;
@@ -127,7 +130,7 @@ class Core {
   Result<RecvComm*> accept(ListenComm* listen);
 
   Result<MemHandle*> regMr(void* data, std::size_t size, int type);
-  void deregMr(MemHandle* mr);
+  Status deregMr(MemHandle* mr);  // invalidArgument for a handle regMr did not give
 
   // nullptr: kMaxRequestsPerComm are in flight; try again later.
   Result<PluginRequest*> isend(SendComm* comm, void* data, std::size_t size, int tag);

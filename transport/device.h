@@ -169,9 +169,11 @@ class Device {
   // Closes the relay slot on purpose (its chunks move to the direct paths).
   virtual Status closeRelay(std::uint64_t sessionId, int peerRank) = 0;
 
-  // Registers [base, base+bytes) for remote reads. Backends that need no registration return
-  // the range with key 0. Hits on a registered range (or a sub-range of one) cost nothing;
-  // the caller deregisters before it frees the memory (the cache cannot see frees).
+  // Registers [base, base+bytes) for remote reads and for sends in place (a TCP device
+  // registers it on its fabric rails, whose paths then send chunks of it without a copy).
+  // Backends that need no registration return the range with key 0. Hits on a registered
+  // range (or a sub-range of one) cost nothing; the caller deregisters before it frees the
+  // memory (the cache cannot see frees).
   virtual Result<MemoryRegion> registerMemory(const void* base, std::size_t bytes) = 0;
   virtual Status deregisterMemory(const MemoryRegion& region) = 0;
 

@@ -15,14 +15,9 @@ Result<RegistrationCache::Entry> RegistrationCache::acquire(const void* base, st
   if (start > std::numeric_limits<std::uintptr_t>::max() - bytes) {
     return invalidArgument("the range at {:#x} of {} bytes wraps around the address space", start, bytes);
   }
-  // Candidates start at or below `start`; the closest ones are the likeliest to cover it.
-  for (auto it = byBase_.upper_bound(start); it != byBase_.begin();) {
-    --it;
-    Entry& e = it->second;
-    if (e.base + e.bytes >= start + bytes) {
-      ++e.users;
-      return e;
-    }
+  if (Entry* e = coveringEntry(start, bytes)) {
+    ++e->users;
+    return *e;
   }
   MERIDIAN_ASSIGN_OR_RETURN(const std::uint64_t key, register_(start, bytes));
   ++registrations_;
@@ -43,6 +38,22 @@ Status RegistrationCache::release(std::uint64_t key) {
   byBase_.erase(k->second);
   byKey_.erase(k);
   return Status::ok();
+}
+
+RegistrationCache::Entry* RegistrationCache::coveringEntry(std::uintptr_t start, std::size_t bytes) const {
+  // Candidates start at or below `start`; the closest ones are the likeliest to cover it.
+  for (auto it = byBase_.upper_bound(start); it != byBase_.begin();) {
+    --it;
+    const Entry& e = it->second;
+    if (e.base + e.bytes >= start + bytes) return const_cast<Entry*>(&e);
+  }
+  return nullptr;
+}
+
+const RegistrationCache::Entry* RegistrationCache::covering(const void* base, std::size_t bytes) const {
+  const auto start = reinterpret_cast<std::uintptr_t>(base);
+  if (bytes == 0 || start > std::numeric_limits<std::uintptr_t>::max() - bytes) return nullptr;
+  return coveringEntry(start, bytes);
 }
 
 const RegistrationCache::Entry* RegistrationCache::find(std::uint64_t key, std::uintptr_t address,

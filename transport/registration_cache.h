@@ -46,6 +46,9 @@ class RegistrationCache {
   // The entry with `key` when it covers [address, address+bytes) (what a remote read of that
   // range may use), else nullptr.
   const Entry* find(std::uint64_t key, std::uintptr_t address, std::size_t bytes) const;
+  // A registered entry that covers [base, base+bytes), without becoming one of its users (a
+  // sender asking whether a buffer may go out in place), else nullptr.
+  const Entry* covering(const void* base, std::size_t bytes) const;
 
   std::size_t size() const { return byBase_.size(); }
   std::uint64_t registrations() const { return registrations_; }  // backend calls so far
@@ -57,6 +60,8 @@ class RegistrationCache {
   std::multimap<std::uintptr_t, Entry> byBase_;
   std::map<std::uint64_t, std::multimap<std::uintptr_t, Entry>::iterator> byKey_;
   std::uint64_t registrations_ = 0;
+
+  Entry* coveringEntry(std::uintptr_t start, std::size_t bytes) const;
 };
 
 }  // namespace meridian::transport

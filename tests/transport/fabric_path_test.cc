@@ -3,6 +3,7 @@
 // both sides, driven round by round by the test as a device's progress thread would.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <vector>
@@ -137,6 +138,50 @@ TEST_P(FabricPathTest, MessagesOfEverySizeArriveByteExactBothWays) {
       EXPECT_GT(ps.chunksSent, 0u) << "rank " << r << ": path " << ps.localAddress << " carried nothing";
     }
   }
+}
+
+TEST_P(FabricPathTest, RegisteredMemoryGoesOutInPlaceAndTheRestIsCopied) {
+  ASSERT_NO_FATAL_FAILURE(connect(2));
+  auto inPlace = [&] {
+    std::uint64_t b = 0;
+    for (const auto& p : side_[0].paths) b += p->sentInPlaceBytes();
+    return b;
+  };
+  // Beyond eager: the engine sends from the caller's buffer.
+  const auto data = pattern((2 << 20) + 5, 11);
+  std::vector<std::uint8_t> got(data.size());
+  ASSERT_TRUE(transfer(0, data, got, 3)) << "the unregistered message never arrived";
+  EXPECT_EQ(got, data);
+  EXPECT_EQ(inPlace(), 0u) << "memory nobody registered went out in place";
+
+  std::vector<RailMemory> regs;
+  for (auto& rail : side_[0].rails) {
+    auto m = rail->registerMemory(data.data(), data.size());
+    ASSERT_TRUE(m.isOk()) << m.status().toString();
+    regs.push_back(m.value());
+  }
+  if (side_[0].rails[0]->info().iovLimit < 2) {
+    GTEST_SKIP() << GetParam() << " gathers no two pieces in one send (iov_limit "
+                 << side_[0].rails[0]->info().iovLimit << "): every chunk is copied";
+  }
+  std::fill(got.begin(), got.end(), 0);
+  ASSERT_TRUE(transfer(0, data, got, 3)) << "the registered message never arrived";
+  EXPECT_EQ(got, data) << "a chunk sent in place arrived wrong";
+  EXPECT_EQ(inPlace(), data.size()) << "every chunk of registered memory goes out in place";
+  // A sub-range of the registration is covered too; released, the memory is copied again.
+  const std::uint64_t before = inPlace();
+  std::vector<std::uint8_t> part(1 << 20);
+  auto r = side_[1].ch.channel->irecv(part.data(), part.size(), 4);
+  auto snd = side_[0].ch.channel->isend(data.data() + 4096, part.size(), 4);
+  ASSERT_TRUE(r.isOk() && snd.isOk());
+  ASSERT_TRUE(runUntil([&] { return r.value()->done() && snd.value()->done(); }));
+  EXPECT_TRUE(std::equal(part.begin(), part.end(), data.begin() + 4096));
+  EXPECT_EQ(inPlace() - before, part.size());
+  for (std::size_t i = 0; i < regs.size(); ++i) ASSERT_TRUE(side_[0].rails[i]->releaseMemory(regs[i].handle).isOk());
+  const std::uint64_t released = inPlace();
+  ASSERT_TRUE(transfer(0, data, got, 3));
+  EXPECT_EQ(got, data);
+  EXPECT_EQ(inPlace(), released) << "released memory went out in place";
 }
 
 TEST_P(FabricPathTest, ManyInFlightArriveInPostingOrderPerTag) {

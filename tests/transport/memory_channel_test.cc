@@ -387,10 +387,16 @@ TEST(RegistrationCacheTest, HitsCoverSubRangesAndTheLastReleaseDeregisters) {
     EXPECT_EQ(cache.find(a.key, base + 4000, 97), nullptr) << "past the end";
     EXPECT_EQ(cache.find(a.key, base - 1, 1), nullptr) << "before the start";
     EXPECT_EQ(cache.find(999, base, 1), nullptr) << "unknown key";
+    ASSERT_NE(cache.covering(buf.data() + 10, 4086), nullptr);
+    EXPECT_EQ(cache.covering(buf.data() + 10, 4086)->key, a.key);
+    EXPECT_EQ(cache.covering(buf.data() + 10, 4087), nullptr) << "past the end";
+    EXPECT_EQ(cache.covering(buf.data(), 0), nullptr) << "an empty range";
+    EXPECT_EQ(cache.registrations(), 3u) << "covering registers nothing";
     EXPECT_TRUE(cache.release(a.key).isOk());
     EXPECT_TRUE(deregistered.empty()) << "b still uses it";
     EXPECT_TRUE(cache.release(b.key).isOk());
     EXPECT_EQ(deregistered, std::vector<std::uint64_t>{a.key});
+    EXPECT_EQ(cache.covering(buf.data() + 10, 100), nullptr) << "covering took no share: released, it is gone";
     EXPECT_EQ(cache.release(a.key).code(), StatusCode::kInvalidArgument);
     EXPECT_FALSE(cache.acquire(reinterpret_cast<void*>(~std::uintptr_t{0} - 10), 100).isOk()) << "wraps";
   }

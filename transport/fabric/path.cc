@@ -86,14 +86,31 @@ void FabricPath::end(const Status& why) {
 }
 
 Status FabricPath::postSend(Slot& s) {
-  const iovec iov[1] = {{s.buffer, s.frameBytes}};
-  void* const desc[1] = {memory_.desc};
-  Status st = rail_.postSend(peer_, sendTag_, iov, desc, s.op);
+  Status st;
+  if (s.inPlace != nullptr) {
+    const iovec iov[2] = {{s.buffer, kFrameHeaderBytes},
+                          {const_cast<std::uint8_t*>(s.inPlace), s.frameBytes - kFrameHeaderBytes}};
+    void* const desc[2] = {memory_.desc, s.inPlaceDesc};
+    st = rail_.postSend(peer_, sendTag_, iov, desc, s.op);
+  } else {
+    const iovec iov[1] = {{s.buffer, s.frameBytes}};
+    void* const desc[1] = {memory_.desc};
+    st = rail_.postSend(peer_, sendTag_, iov, desc, s.op);
+  }
   if (st.isOk()) {
     s.posted = true;
     ++outstanding_;
   }
   return st;
+}
+
+void FabricPath::copyPayload(Slot& s, const OutChunk& c) {
+  for (std::uint64_t copied = 0; copied < s.frameBytes - kFrameHeaderBytes;) {
+    std::size_t n = 0;
+    const std::uint8_t* p = engine_.chunkPayload(c, copied, &n);
+    std::memcpy(s.buffer + kFrameHeaderBytes + copied, p, n);
+    copied += n;
+  }
 }
 
 void FabricPath::repost(Slot& s) {
@@ -128,9 +145,16 @@ void FabricPath::pump(std::int64_t nowUs) {
   if (closing_) return;
   // A chunk the provider refused a moment ago goes before any new one.
   if (pendingChunk_ != nullptr) {
-    Status st = postSend(*pendingChunk_);
+    Slot& s = *pendingChunk_;
+    if (s.inPlace != nullptr && !rail_.registeredMemory(s.inPlace, s.frameBytes - kFrameHeaderBytes)) {
+      // Deregistered meanwhile (its message finished on another path): the copy it is then.
+      s.inPlace = nullptr;
+      copyPayload(s, pendingChunkRef_);
+    }
+    Status st = postSend(s);
     if (st.code() == StatusCode::kAgain) return;
     if (!st.isOk()) return fail(st);
+    if (pendingChunk_->inPlace != nullptr) sentInPlaceBytes_ += pendingChunk_->frameBytes - kFrameHeaderBytes;
     engine_.onChunkWritten(index_, pendingChunkRef_, nowUs);
     pendingChunk_ = nullptr;
     pendingChunkRef_ = OutChunk{};
@@ -150,14 +174,20 @@ void FabricPath::pump(std::int64_t nowUs) {
     }
     const FrameHeaderBytes hb = encodeFrameHeader(h);
     std::memcpy(s.buffer, hb.data(), hb.size());
-    std::uint64_t copied = 0;
-    while (copied < h.length) {
-      std::size_t n = 0;
-      const std::uint8_t* p = engine_.chunkPayload(c, copied, &n);
-      std::memcpy(s.buffer + kFrameHeaderBytes + copied, p, n);
-      copied += n;
-    }
     s.frameBytes = kFrameHeaderBytes + h.length;
+    s.inPlace = nullptr;
+    s.inPlaceDesc = nullptr;
+    if (h.length > 0 && rail_.info().iovLimit >= 2) {
+      std::size_t n = 0;
+      const std::uint8_t* p = engine_.chunkPayload(c, 0, &n);
+      if (n == h.length) {
+        if (auto reg = rail_.registeredMemory(p, n)) {
+          s.inPlace = p;
+          s.inPlaceDesc = reg->desc;
+        }
+      }
+    }
+    if (s.inPlace == nullptr) copyPayload(s, c);
     Status st = postSend(s);
     if (st.code() == StatusCode::kAgain) {
       pendingChunk_ = &s;
@@ -165,6 +195,7 @@ void FabricPath::pump(std::int64_t nowUs) {
       return;
     }
     if (!st.isOk()) return fail(st);
+    if (s.inPlace != nullptr) sentInPlaceBytes_ += h.length;
     engine_.onChunkWritten(index_, c, nowUs);
   }
 }

@@ -6,10 +6,15 @@
 // Buffers: the path owns a registered arena of frame slots: `sendSlots` for chunks, as
 // many small ones for acknowledgements, and `recvSlots` receives, each the size of the
 // largest frame (header + chunk), always posted. A chunk's payload is copied into its
-// slot when it is posted: the engine may finish the message on another path while the
-// provider still reads the slot, and the caller's buffer is theirs again then. (RDMA
-// without the copy needs the engine to hold a message's memory until every path let go of
-// it: docs/transport.md, "What an RDMA NIC changes".)
+// slot when it is posted, unless the payload lies in memory registered on the rail
+// (Device::registerMemory; the NCCL plugin's regMr): then the frame goes out in place, the
+// header from the slot and the payload from the caller's memory, one gathered send, no copy.
+// The engine may finish the message on another path while the provider still reads it (a
+// stall); the caller may then reuse the buffer, and what this path sends of it belongs to a
+// finished message, which the peer drops. The registration keeps the memory mapped: the
+// caller's contract is to deregister before freeing, and a registration closed under a
+// posted send fails the path, whose chunks go to the others. Receives always land in slots
+// and are copied out (which chunk arrives on which path is the sender's choice).
 //
 // Failure: an operation that fails (a completion error) fails the path; the engine moves
 // its chunks to the other paths. A peer that vanished without a word shows as a stall
@@ -63,6 +68,8 @@ class FabricPath final : public RailOpHandler {
   bool failed() const { return failed_; }
   // Operations the provider still holds.
   std::size_t outstanding() const { return outstanding_; }
+  // Payload bytes sent in place from registered memory (no copy into a slot), so far.
+  std::uint64_t sentInPlaceBytes() const { return sentInPlaceBytes_; }
 
   void onComplete(RailOp& op, const RailCompletion& completion) override;
 
@@ -75,12 +82,17 @@ class FabricPath final : public RailOpHandler {
     std::size_t capacity = 0;
     bool posted = false;
     std::size_t frameBytes = 0;  // a send's
+    // A chunk sent in place: the slot holds the header only, the payload is the caller's.
+    const std::uint8_t* inPlace = nullptr;
+    void* inPlaceDesc = nullptr;
   };
   FabricPath(Rail& rail, RailPeer peer, std::uint64_t sendTag, std::uint64_t recvTag, ChannelEngine& engine,
              std::size_t index, FabricPathConfig config);
   Status postSend(Slot& s);
   void onReceived(Slot& s, std::size_t bytes);
   void repost(Slot& s);
+  // Copies the chunk's payload into the slot behind its header (s.frameBytes says how much).
+  void copyPayload(Slot& s, const OutChunk& c);
 
   Rail& rail_;
   RailPeer peer_;
@@ -96,6 +108,7 @@ class FabricPath final : public RailOpHandler {
   Slot* pendingChunk_ = nullptr;      // filled, refused by the provider for now: goes first
   OutChunk pendingChunkRef_;
   std::size_t outstanding_ = 0;
+  std::uint64_t sentInPlaceBytes_ = 0;
   bool failed_ = false;
   bool gotClose_ = false;
   bool closing_ = false;  // the goodbye is queued or sent

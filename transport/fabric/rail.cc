@@ -428,6 +428,13 @@ Result<RailMemory> Rail::registerMemory(const void* base, std::size_t bytes) {
 }
 
 Status Rail::releaseMemory(std::uint64_t handle) { return impl_->cache->release(handle); }
+
+std::optional<RailMemory> Rail::registeredMemory(const void* base, std::size_t bytes) const {
+  const RegistrationCache::Entry* e = impl_->cache->covering(base, bytes);
+  if (e == nullptr) return std::nullopt;
+  const Impl::Registration& r = impl_->registrations.at(e->key);
+  return RailMemory{r.desc, r.key, e->key};
+}
 std::uint64_t Rail::registrations() const { return impl_->cache->registrations(); }
 
 Status Rail::postSend(RailPeer peer, std::uint64_t tag, std::span<const iovec> iov, std::span<void* const> desc,

@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -125,6 +126,9 @@ class Rail {
   // before costs nothing). The caller releases it before freeing the memory.
   Result<RailMemory> registerMemory(const void* base, std::size_t bytes);
   Status releaseMemory(std::uint64_t handle);
+  // The registration covering [base, base+bytes) when someone registered it, without taking
+  // a share of it (the owner's release still ends it); nullopt otherwise.
+  std::optional<RailMemory> registeredMemory(const void* base, std::size_t bytes) const;
   std::uint64_t registrations() const;  // provider registrations so far (cache misses)
 
   // Posts a tagged send of the gathered `iov` (each entry inside memory registered here,

@@ -254,6 +254,9 @@ struct TcpDevice::Impl {
   // Fabric rails (MERIDIAN_FABRIC; fabric.cc): declared before the channels, whose fabric
   // paths point into them and go first. Touched only by whoever holds poller->mu.
   std::vector<std::unique_ptr<fabric::Rail>> rails;
+  // registerMemory's registrations on the rails: [key] = one handle per rail, in rail order.
+  std::map<std::uint64_t, std::vector<std::uint64_t>> regions;
+  std::uint64_t lastRegionKey = 0;
   std::vector<std::string> railLabels;  // each rail's address, for the channels' path names
   bool pollRails = false;  // some rail has no fd to sleep on: the loop polls it
   std::vector<std::unique_ptr<ChannelEntry>> channels;

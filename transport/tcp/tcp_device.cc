@@ -162,12 +162,38 @@ Result<GroupInfo> TcpDevice::joinGroup(GroupExchange& exchange, std::uint64_t se
 
 Result<MemoryRegion> TcpDevice::registerMemory(const void* base, std::size_t bytes) {
   if (base == nullptr && bytes > 0) return invalidArgument("registering a null range of {} bytes", bytes);
-  return MemoryRegion{base, bytes, 0};
+  Impl& d = *impl_;
+  // TCP streams need no registration; fabric rails do, so their paths send from it in place
+  // (fabric/path.h). The rails' caches make repeated and sub-range registrations free.
+  std::lock_guard lock(d.poller->mu);  // the rails' progress runs under it
+  if (d.rails.empty() || bytes == 0) return MemoryRegion{base, bytes, 0};
+  std::vector<std::uint64_t> handles;
+  for (auto& rail : d.rails) {
+    auto m = rail->registerMemory(base, bytes);
+    if (!m) {
+      for (std::size_t i = 0; i < handles.size(); ++i) (void)d.rails[i]->releaseMemory(handles[i]);
+      return m.status().withContext("registering memory on the fabric");
+    }
+    handles.push_back(m->handle);
+  }
+  const std::uint64_t key = ++d.lastRegionKey;
+  d.regions[key] = std::move(handles);
+  return MemoryRegion{base, bytes, key};
 }
 
 Status TcpDevice::deregisterMemory(const MemoryRegion& region) {
-  (void)region;  // nothing was registered
-  return Status::ok();
+  Impl& d = *impl_;
+  if (region.key == 0) return Status::ok();  // nothing was registered
+  std::lock_guard lock(d.poller->mu);
+  auto it = d.regions.find(region.key);
+  if (it == d.regions.end()) return invalidArgument("deregistering memory this device did not register (key {})", region.key);
+  Status first;
+  for (std::size_t i = 0; i < it->second.size(); ++i) {
+    Status st = d.rails[i]->releaseMemory(it->second[i]);
+    if (first.isOk() && !st.isOk()) first = st;
+  }
+  d.regions.erase(it);
+  return first;
 }
 
 Result<ChannelPtr> TcpDevice::openChannel(const ChannelSpec& spec, TimePoint deadline) {
