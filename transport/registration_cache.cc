@@ -1,6 +1,7 @@
 // The registration cache (registration_cache.h).
 #include "transport/registration_cache.h"
 
+#include <algorithm>
 #include <limits>
 
 namespace meridian::transport {
@@ -25,6 +26,7 @@ Result<RegistrationCache::Entry> RegistrationCache::acquire(const void* base, st
     deregister_(key);
     return internalError("the backend handed out key {:#x} twice", key);
   }
+  largestBytes_ = std::max(largestBytes_, bytes);
   auto it = byBase_.emplace(start, Entry{start, bytes, key, 1});
   byKey_[key] = it;
   return it->second;
@@ -41,9 +43,13 @@ Status RegistrationCache::release(std::uint64_t key) {
 }
 
 RegistrationCache::Entry* RegistrationCache::coveringEntry(std::uintptr_t start, std::size_t bytes) const {
-  // Candidates start at or below `start`; the closest ones are the likeliest to cover it.
+  // Candidates start at or below `start`, and no lower than the largest entry reaches back
+  // from `start + bytes`: a lookup that finds nothing (a fabric path asking about every chunk
+  // of unregistered memory) stops there instead of walking every entry.
+  const std::uintptr_t end = start + bytes;
   for (auto it = byBase_.upper_bound(start); it != byBase_.begin();) {
     --it;
+    if (end - it->first > largestBytes_) break;
     const Entry& e = it->second;
     if (e.base + e.bytes >= start + bytes) return const_cast<Entry*>(&e);
   }

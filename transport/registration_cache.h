@@ -60,6 +60,7 @@ class RegistrationCache {
   std::multimap<std::uintptr_t, Entry> byBase_;
   std::map<std::uint64_t, std::multimap<std::uintptr_t, Entry>::iterator> byKey_;
   std::uint64_t registrations_ = 0;
+  std::size_t largestBytes_ = 0;  // of any entry ever registered (bounds coveringEntry's walk)
 
   Entry* coveringEntry(std::uintptr_t start, std::size_t bytes) const;
 };

@@ -154,7 +154,7 @@ void FabricPath::pump(std::int64_t nowUs) {
     Status st = postSend(s);
     if (st.code() == StatusCode::kAgain) return;
     if (!st.isOk()) return fail(st);
-    if (pendingChunk_->inPlace != nullptr) sentInPlaceBytes_ += pendingChunk_->frameBytes - kFrameHeaderBytes;
+    if (s.inPlace != nullptr) sentInPlaceBytes_ += s.frameBytes - kFrameHeaderBytes;
     engine_.onChunkWritten(index_, pendingChunkRef_, nowUs);
     pendingChunk_ = nullptr;
     pendingChunkRef_ = OutChunk{};
