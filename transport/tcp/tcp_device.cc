@@ -288,8 +288,15 @@ std::unique_ptr<ChannelEntry> TcpDevice::Impl::makeEntry(std::uint64_t sessionId
 }
 
 Result<std::pair<int, ChannelPtr>> TcpDevice::acceptChannel(std::uint64_t sessionId) {
+  // Callers poll this until a peer arrives (NCCL's accept loop): the search runs here under
+  // the engine's lock, as a waiting thread's progress does, not as a round trip through the
+  // progress thread (two context switches per empty poll).
   Result<std::pair<int, ChannelPtr>> result = againStatus("not run");
-  impl_->runOnProgress([&] { result = impl_->acceptAny(sessionId); });
+  {
+    std::lock_guard lock(impl_->poller->mu);
+    result = impl_->acceptAny(sessionId);
+  }
+  if (result) impl_->wake();  // the new channel's streams: the progress thread drives them from here
   return result;
 }
 
