@@ -304,10 +304,15 @@ void RoutingControl::updateRelays(TimePoint now) {
       continue;
     }
     const std::vector<transport::PathStats> stats = ch->pathStats();
-    if (stats.size() < 2 || !stats.back().relay) return;  // no relay slots (MERIDIAN_RELAY=off)
-    const int current = stats.back().alive ? stats.back().relayVia : -1;
+    // The relay slot and the planes it may use (the direct paths; fabric paths, which follow
+    // the relay slot, are not planes a relay can take).
+    const auto slot = std::find_if(stats.begin(), stats.end(), [](const transport::PathStats& ps) { return ps.relay; });
+    if (slot == stats.end()) return;  // no relay slots (MERIDIAN_RELAY=off)
+    const int current = slot->alive ? slot->relayVia : -1;
     relayVia(rank_, peer).set(current);  // also when it went away on its own (the via rank failed)
-    const int planes = static_cast<int>(stats.size()) - 1;
+    const int planes = static_cast<int>(
+        std::count_if(stats.begin(), stats.end(), [](const transport::PathStats& ps) { return !ps.relay && !ps.fabric; }));
+    if (planes == 0) return;
     const routing::RelayOffer offer =
         routing::bestRelay(view, rank_, peer, kRelayReferenceBytes, 1.0 / std::max(planes, 1));
     const bool directMeasured = known(rank_, peer);

@@ -133,13 +133,10 @@ struct PathMonitor::Impl {
       }
       if (!adaptive) return;
       for (const auto& [peer, s] : states) {
-        // Paths past the probed ones, other than the relay slot, are paths probes do not reach
-        // (fabric paths: docs/routing.md).
+        // Fabric paths are paths probes do not reach (docs/routing.md).
         bool unjudgedUp = false;
         if (auto cp = channelPaths.find(peer); cp != channelPaths.end()) {
-          for (std::size_t i = s.size(); i < cp->second.size(); ++i) {
-            unjudgedUp = unjudgedUp || (cp->second[i].alive && !cp->second[i].relay);
-          }
+          for (const transport::PathStats& ps : cp->second) unjudgedUp = unjudgedUp || (ps.alive && ps.fabric);
         }
         std::vector<double> w = weightsFor(s, down[peer], unjudgedUp);
         auto& last = applied[peer];

@@ -39,6 +39,7 @@ struct PathStats {
   bool stalled = false;
   bool relay = false;  // a relay slot: a path through a third node when up
   int relayVia = -1;   // the rank a live relay path goes through
+  bool fabric = false;  // a fabric path: probes do not reach it (routing judges it by its rate)
   std::uint64_t bytesSent = 0;
   std::uint64_t chunksSent = 0;
   std::uint64_t chunksResent = 0;

@@ -43,6 +43,9 @@ struct PathEndpoints {
   // Down until onPathUp, like a relay slot, but a direct path once up (a fabric path whose
   // peer has not named its rail yet).
   bool deferred = false;
+  // A fabric path (libfabric rail): probes do not reach it, so routing judges it by its
+  // measured rate alone (PathStats::fabric).
+  bool fabric = false;
   // Carries data only while no path without it is usable, control frames always (a TCP path
   // beside fabric paths under MERIDIAN_FABRIC_TCP=standby): the fabric takes the data, TCP
   // takes it over when the fabric fails or stalls.

@@ -258,6 +258,7 @@ std::vector<PathStats> MultipathChannel::pathStats() const {
     s.stalled = p->stalled.load(std::memory_order_relaxed);
     s.relay = p->endpoints.relay;
     s.relayVia = p->relayVia.load(std::memory_order_relaxed);
+    s.fabric = p->endpoints.fabric;
     s.bytesSent = p->bytesSent->value();
     s.chunksSent = p->chunksSent->value();
     s.chunksResent = p->chunksResent->value();
