@@ -3,6 +3,8 @@
 // (authenticated by the handshake), and the fabric paths that pair them, driven by the
 // device's progress like its streams. See docs/transport.md, "Fabric paths".
 #include <atomic>
+#include <chrono>
+#include <thread>
 
 #include "transport/fabric/choose.h"
 #include "transport/tcp/device_impl.h"
@@ -161,7 +163,9 @@ void TcpDevice::Impl::closeFabricPaths(ChannelEntry& e) {
                        [](const auto& p) { return p && !p->failed() && p->hasUnsentFrames(); });
   };
   while (unsent() && nowUs() < deadline) {
-    progressRails();
+    // Nothing completed: the provider waits on the peer; give the core back for a moment
+    // rather than spin through the whole wait.
+    if (progressRails() == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
     for (auto& p : e.fabric) {
       if (p && !p->failed()) p->pump(nowUs());
     }
