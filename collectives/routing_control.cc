@@ -314,7 +314,7 @@ void RoutingControl::updateRelays(TimePoint now) {
         std::count_if(stats.begin(), stats.end(), [](const transport::PathStats& ps) { return !ps.relay && !ps.fabric; }));
     if (planes == 0) return;
     const routing::RelayOffer offer =
-        routing::bestRelay(view, rank_, peer, kRelayReferenceBytes, 1.0 / std::max(planes, 1));
+        routing::bestRelay(view, rank_, peer, kRelayReferenceBytes, 1.0 / planes);
     const bool directMeasured = known(rank_, peer);
     if (current < 0 && directMeasured && offer.via >= 0 && offer.relaySec <= kRelayOpenRatio * offer.directSec) {
       nextRelayChange_[static_cast<std::size_t>(peer)] = now + kRelayHold;

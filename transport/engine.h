@@ -40,11 +40,9 @@ struct PathEndpoints {
   // A relay slot: a path through a third node, down until onPathUp (the device opens and
   // closes it while the channel runs; see Device::openRelay).
   bool relay = false;
-  // Down until onPathUp, like a relay slot, but a direct path once up (a fabric path whose
-  // peer has not named its rail yet).
-  bool deferred = false;
-  // A fabric path (libfabric rail): probes do not reach it, so routing judges it by its
-  // measured rate alone (PathStats::fabric).
+  // A fabric path (libfabric rail): down until onPathUp, like a relay slot (its peer has not
+  // named its rail yet), but a direct path once up; probes do not reach it, so routing judges
+  // it by its measured rate alone (PathStats::fabric).
   bool fabric = false;
   // Carries data only while no path without it is usable, control frames always (a TCP path
   // beside fabric paths under MERIDIAN_FABRIC_TCP=standby): the fabric takes the data, TCP

@@ -270,7 +270,6 @@ std::unique_ptr<ChannelEntry> TcpDevice::Impl::makeEntry(std::uint64_t sessionId
     PathEndpoints fabricEnd;
     fabricEnd.localAddress = railLabels[k];
     fabricEnd.remoteAddress = fmt::format("rank {}'s rail {} ({})", peerRank, k, rails[k]->info().provider);
-    fabricEnd.deferred = true;
     fabricEnd.fabric = true;
     endpoints.push_back(std::move(fabricEnd));
   }
