@@ -79,7 +79,7 @@ TEST_F(FabricLabTest, CongestingTheFabricPlaneMovesTrafficToTcpAndBack) {
 // meanwhile, and after the restore the fabric path carries bytes again.
 TEST_F(FabricLabTest, CuttingTheFabricPlaneLosesNothingAndThePathComesBack) {
   Timeline tl = runTimeline(*session_, {.env = "MERIDIAN_PATH_STALL_MS=1000 MERIDIAN_ALGO=ring MERIDIAN_LOG=info:transport",
-                                        .seconds = 26,
+                                        .seconds = 32,  // the provider's retransmit backoff after the cut: up to ~6 s
                                         .changes = {{8, "cut wan-a east west"}, {17, "restore wan-a east west"}},
                                         .check = true});
   ASSERT_EQ(tl.code, 0) << tl.output;
