@@ -13,6 +13,12 @@
     "The job secret every connection proves it holds (HMAC-SHA256 challenge-response).")           \
   X(kSecretFile, "MERIDIAN_SECRET_FILE", String, "",                                               \
     "A file holding the job secret, used when MERIDIAN_SECRET is not set.")                        \
+  X(kInsecure, "MERIDIAN_INSECURE", Int, "0",                                                      \
+    "1: let a job of several ranks run without a secret (on a well-known development one). "        \
+    "Insecure: anyone who reaches its ports can join.")                                              \
+  CHOICE(kWireSecurity, "MERIDIAN_WIRE_SECURITY", "encrypt", "encrypt|authenticate|off",           \
+    "Every frame after the handshake: encrypt (AES-256-GCM), authenticate (GMAC: readable but "     \
+    "tamper-proof) or off (insecure: no integrity at all). Both ends must agree.")                  \
   X(kRank, "MERIDIAN_RANK", Int, "-1",                                                             \
     "This process's rank; falls back to OpenMPI, torchrun or Slurm variables.")                    \
   X(kWorldSize, "MERIDIAN_WORLD_SIZE", Int, "-1",                                                  \
