@@ -97,8 +97,8 @@ StoreByteReader bufferReader(std::span<const std::uint8_t> frame, std::size_t& o
   };
 }
 
-StoreByteReader socketReader(int fd, TimePoint deadline) {
-  return [fd, deadline](std::span<std::uint8_t> dst) { return tcp::recvAll(fd, dst.data(), dst.size(), deadline); };
+StoreByteReader sealedReader(tcp::SealedSocket& conn, TimePoint deadline) {
+  return [&conn, deadline](std::span<std::uint8_t> dst) { return conn.read(dst, deadline); };
 }
 
 TimePoint deadlineFromTimeoutMs(std::uint64_t timeoutMs) {
@@ -453,12 +453,14 @@ void storeThread(const char* what, Body&& body) {
 Result<std::unique_ptr<StoreServer>> StoreServer::start(const std::string& bindIp, std::uint16_t port,
                                                         std::string secret) {
   MERIDIAN_ASSIGN_OR_RETURN(const std::chrono::milliseconds ioTimeout, ioTimeoutFromKnob());
+  MERIDIAN_ASSIGN_OR_RETURN(const WireSecurity mode, wireSecurityFromKnob());
   auto listenFd = tcp::listenOn(bindIp, port, /*nonBlocking=*/true);
   if (!listenFd) return listenFd.status().withContext("store server");
   UniqueFd wakeFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wakeFd.valid()) return internalError("store server: eventfd: {}", std::strerror(errno));
   auto server = std::make_unique<StoreServer>(PrivateTag{}, std::move(listenFd).value(), std::move(wakeFd),
                                               std::move(secret), ioTimeout);
+  server->mode_ = mode;
   try {
     server->acceptThread_ =
         std::thread([s = server.get()] { storeThread("accept thread", [s] { s->acceptLoop(); }); });
@@ -559,16 +561,17 @@ void StoreServer::serveClient(Client& client) {
   pthread_setname_np(pthread_self(), "mer-store-cli");
   const int fd = client.fd.get();
   const std::string peer = tcp::peerAddress(fd);
-  auto info = tcp::serverHandshake(fd, secret_, Clock::now() + kHandshakeTimeout);
+  auto info = tcp::serverHandshake(fd, secret_, mode_, Clock::now() + kHandshakeTimeout);
   if (!info) {
     if (!stopping_.load()) {
       MLOG_WARN(kCollectives, "store: refused connection from {} (no valid job-secret handshake): {}", peer,
                 info.status().toString());
     }
-  } else if (info->kind != tcp::ConnectionKind::kStore) {
+  } else if (info->info.kind != tcp::ConnectionKind::kStore) {
     MLOG_WARN(kCollectives, "store: refused connection from {}: it is not a store connection (kind {})", peer,
-              static_cast<int>(info->kind));
+              static_cast<int>(info->info.kind));
   } else {
+    tcp::SealedSocket conn(fd, info->keys);
     MLOG_DEBUG(kCollectives, "store: client {} connected", peer);
     while (!stopping_.load()) {
       // Wait for the next frame without a deadline: a close here is an orderly goodbye.
@@ -579,14 +582,14 @@ void StoreServer::serveClient(Client& client) {
         MLOG_DEBUG(kCollectives, "store: client {} disconnected", peer);
         break;
       }
-      auto request = readStoreRequest(socketReader(fd, Clock::now() + ioTimeout_));
+      auto request = readStoreRequest(sealedReader(conn, Clock::now() + ioTimeout_));
       if (!request) {
         if (!stopping_.load()) MLOG_WARN(kCollectives, "store: dropping client {}: {}", peer, request.status().toString());
         break;
       }
       client.answering.store(true);  // before the request takes effect: see ~StoreServer
       const std::vector<std::uint8_t> reply = encodeStoreResponse(execute(state_, request.value()));
-      Status sent = tcp::sendAll(fd, reply.data(), reply.size(), Clock::now() + ioTimeout_);
+      Status sent = conn.send(reply, Clock::now() + ioTimeout_);
       client.answering.store(false);
       if (!sent) {
         if (!stopping_.load()) MLOG_WARN(kCollectives, "store: dropping client {}: {}", peer, sent.toString());
@@ -610,16 +613,18 @@ Result<std::unique_ptr<TcpStore>> TcpStore::connect(const std::string& hostPort,
   if (!fd) return fd.status().withContext(fmt::format("store at {}", hostPort));
   tcp::ConnectInfo info;
   info.kind = tcp::ConnectionKind::kStore;
-  Status handshake = tcp::clientHandshake(fd->get(), secret, info, deadline);
-  if (!handshake) {
-    return handshake.withContext(
+  MERIDIAN_ASSIGN_OR_RETURN(const WireSecurity mode, wireSecurityFromKnob());
+  auto keys = tcp::clientHandshake(fd->get(), secret, mode, info, deadline);
+  if (!keys) {
+    return keys.status().withContext(
         fmt::format("store at {}: authentication failed (every rank must hold the same job secret)", hostPort));
   }
-  return std::make_unique<TcpStore>(PrivateTag{}, std::move(fd).value(), hostPort, ioTimeout);
+  return std::make_unique<TcpStore>(PrivateTag{}, std::move(fd).value(), keys.value(), hostPort, ioTimeout);
 }
 
-TcpStore::TcpStore(PrivateTag, UniqueFd fd, std::string address, std::chrono::milliseconds ioTimeout)
-    : fd_(std::move(fd)), address_(std::move(address)), ioTimeout_(ioTimeout) {}
+TcpStore::TcpStore(PrivateTag, UniqueFd fd, const tcp::SessionKeys& keys, std::string address,
+                   std::chrono::milliseconds ioTimeout)
+    : fd_(std::move(fd)), conn_(fd_.get(), keys), address_(std::move(address)), ioTimeout_(ioTimeout) {}
 
 TimePoint TcpStore::blockingReplyDeadline(TimePoint deadline) const {
   if (deadline >= TimePoint::max() - ioTimeout_) return TimePoint::max();
@@ -630,9 +635,9 @@ Result<StoreResponse> TcpStore::roundTrip(const StoreRequest& request, TimePoint
   MERIDIAN_ASSIGN_OR_RETURN(const std::vector<std::uint8_t> frame, encodeStoreRequest(request));
   std::lock_guard lock(mu_);
   if (!broken_.isOk()) return broken_;
-  Status failure = tcp::sendAll(fd_.get(), frame.data(), frame.size(), ioDeadline());
+  Status failure = conn_.send(frame, ioDeadline());
   if (failure) {
-    auto response = readStoreResponse(socketReader(fd_.get(), replyDeadline), request.op);
+    auto response = readStoreResponse(sealedReader(conn_, replyDeadline), request.op);
     if (response) return response;
     failure = response.status();
   }

@@ -22,6 +22,7 @@
 #include "core/clock.h"
 #include "core/fd.h"
 #include "core/status.h"
+#include "transport/tcp/sealed_socket.h"
 
 namespace meridian::bootstrap {
 
@@ -173,6 +174,7 @@ class StoreServer {
   UniqueFd listenFd_;
   UniqueFd wakeFd_;  // eventfd that stops the accept thread
   std::string secret_;
+  WireSecurity mode_ = WireSecurity::kEncrypt;  // MERIDIAN_WIRE_SECURITY
   std::chrono::milliseconds ioTimeout_;
   std::uint16_t port_ = 0;
   std::atomic<bool> stopping_{false};
@@ -197,7 +199,8 @@ class TcpStore final : public Store {
   // Retries until the server accepts (it may start after us) or the deadline passes.
   static Result<std::unique_ptr<TcpStore>> connect(const std::string& hostPort, std::string secret,
                                                    TimePoint deadline);
-  TcpStore(PrivateTag, UniqueFd fd, std::string address, std::chrono::milliseconds ioTimeout);
+  TcpStore(PrivateTag, UniqueFd fd, const transport::tcp::SessionKeys& keys, std::string address,
+           std::chrono::milliseconds ioTimeout);
 
   Status set(const std::string& key, std::span<const std::uint8_t> value) override;
   Result<std::vector<std::uint8_t>> get(const std::string& key, TimePoint deadline) override;
@@ -216,6 +219,7 @@ class TcpStore final : public Store {
 
   std::mutex mu_;
   UniqueFd fd_;
+  transport::tcp::SealedSocket conn_;  // every request and answer in sealed records
   Status broken_;  // the first transport error; sticky
   std::string address_;
   std::chrono::milliseconds ioTimeout_;

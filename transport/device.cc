@@ -22,6 +22,10 @@ Status resolveKnobs(DeviceOptions& o) {
   if (o.secret.empty()) {
     MERIDIAN_ASSIGN_OR_RETURN(o.secret, readJobSecret());
   }
+  if (!o.wireSecurity) {
+    MERIDIAN_ASSIGN_OR_RETURN(const WireSecurity mode, wireSecurityFromKnob());
+    o.wireSecurity = mode;
+  }
   if (o.kind == DeviceKind::kTcp) {
     if (o.tcp.streamsPerPath <= 0) {
       MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t v, readKnobInt(knobs::kTcpStreams, 1, 16));

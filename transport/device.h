@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "core/clock.h"
+#include "core/aead.h"
 #include "core/status.h"
 #include "transport/channel.h"
 
@@ -56,6 +58,8 @@ struct DeviceOptions {
   std::size_t chunkBytes = 0;      // MERIDIAN_CHUNK_BYTES
   int pathStallMs = 0;             // MERIDIAN_PATH_STALL_MS
   std::string secret;              // empty: loadJobSecret()
+  // Every frame after the handshake (core/aead.h); unset: MERIDIAN_WIRE_SECURITY.
+  std::optional<WireSecurity> wireSecurity;
   std::string name = "0";          // progress thread name suffix and metrics label
   bool adaptive = true;            // false: static striping (MultipathConfig::adaptive)
   // Every channel gets one more path, a relay slot (down until openRelay), and this device

@@ -634,10 +634,12 @@ TEST_F(TcpStoreTest, AuthenticatedClientSendingABadFrameIsDroppedAlone) {
   ASSERT_TRUE(fd.valid());
   tcp::ConnectInfo info;
   info.kind = tcp::ConnectionKind::kStore;
-  ASSERT_TRUE(tcp::clientHandshake(fd.get(), kSecret, info, in(milliseconds(10000))));
+  auto keys = tcp::clientHandshake(fd.get(), kSecret, WireSecurity::kEncrypt, info, in(milliseconds(10000)));
+  ASSERT_TRUE(keys.isOk()) << keys.status().toString();
+  tcp::SealedSocket conn(fd.get(), keys.value());
   // Announces a 4 GiB value: refused from the header alone.
   auto header = requestHeader(StoreOp::kSet, 1, UINT32_MAX);
-  ASSERT_TRUE(tcp::sendAll(fd.get(), header.data(), header.size(), in(milliseconds(10000))));
+  ASSERT_TRUE(conn.send(header, in(milliseconds(10000))));
   std::uint8_t byte = 0;
   Status dropped = tcp::recvAll(fd.get(), &byte, 1, in(milliseconds(10000)));
   EXPECT_EQ(dropped.code(), StatusCode::kPeerError) << dropped.toString();

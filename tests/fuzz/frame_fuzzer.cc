@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "core/aead.h"
 #include "transport/fabric/link.h"
 #include "transport/frame.h"
 #include "transport/multipath/multipath_channel.h"
@@ -22,10 +23,29 @@ namespace {
 
 void fuzzHandshake(std::span<const std::uint8_t> in) {
   if (in.size() >= tcp::kHelloBytes) (void)tcp::decodeHello(in.first(tcp::kHelloBytes));
-  tcp::Nonce n{};
-  if (in.size() >= tcp::kChallengeBytes) (void)tcp::verifyChallenge("k", n, in.first(tcp::kChallengeBytes));
-  if (in.size() >= tcp::kAuthBytes) (void)tcp::verifyAuth("k", n, n, in.first(tcp::kAuthBytes));
-  if (in.size() >= tcp::kResultBytes) (void)tcp::decodeResult(in.first(tcp::kResultBytes));
+  tcp::Transcript t(tcp::kHelloBytes, 0);
+  if (in.size() >= tcp::kChallengeBytes) {
+    (void)tcp::verifyChallenge("k", t, WireSecurity::kEncrypt, in.first(tcp::kChallengeBytes));
+  }
+  if (in.size() >= tcp::kAuthBytes) (void)tcp::verifyAuth("k", t, in.first(tcp::kAuthBytes));
+  if (in.size() >= tcp::kResultBytes) (void)tcp::decodeResult("k", t, in.first(tcp::kResultBytes));
+  // The server's state machine fed a client's two messages from the input.
+  if (in.size() >= tcp::kHelloBytes + tcp::kAuthBytes) {
+    tcp::ServerHandshake hs("k", WireSecurity::kEncrypt);
+    (void)hs.feed(in.first(tcp::kHelloBytes));
+    if (!hs.finished()) (void)hs.feed(in.subspan(tcp::kHelloBytes, tcp::kAuthBytes));
+  }
+  // Records as a peer would send them: a length, a body and a tag, opened by a key it does
+  // not hold (every one must fail, none may read past its bounds).
+  DirectionKey key{};
+  RecordCipher rx(WireSecurity::kEncrypt, RecordCipher::Role::kOpen, key);
+  std::vector<std::uint8_t> out;
+  for (std::size_t at = 0; at + 4 + kAeadTagBytes <= in.size();) {
+    const std::size_t n = std::min<std::size_t>(in[at] | (in[at + 1] << 8), in.size() - at - 4 - kAeadTagBytes);
+    out.resize(n);
+    if (rx.open(in.subspan(at + 4, n), out.data(), in.data() + at + 4 + n)) __builtin_trap();
+    at += 4 + n + kAeadTagBytes;
+  }
   (void)tcp::decodeDirectReadOffer(in.first(std::min<std::size_t>(in.size(), 300)));
   (void)fabric::decodeRailNames(in.first(std::min<std::size_t>(in.size(), fabric::kMaxPathNamesBytes + 16)));
 }

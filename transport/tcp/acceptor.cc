@@ -12,7 +12,8 @@ void TcpDevice::Impl::acceptAll(std::size_t listenerIndex) {
       }
       return;
     }
-    auto hs = std::make_unique<PendingHandshake>(options.secret, [this](const ConnectInfo& info) { return admit(info); });
+    auto hs = std::make_unique<PendingHandshake>(options.secret, *options.wireSecurity,
+                                                 [this](const ConnectInfo& info) { return admit(info); });
     hs->fd.reset(fd);
     hs->peer = peerAddress(fd);
     hs->deadline = Clock::now() + kHandshakeTimeout;
@@ -81,7 +82,7 @@ void TcpDevice::Impl::stepHandshake(PendingHandshake& hs, std::uint32_t events) 
       const ConnectInfo info = hs.machine.result().value();
       if (info.kind == ConnectionKind::kRelay) return startRelay(hs);
       epollDel(hs.fd.get());
-      UnclaimedStream u{std::move(hs.fd), info, Clock::now() + unclaimedTimeout};
+      UnclaimedStream u{std::move(hs.fd), info, hs.machine.keys(), Clock::now() + unclaimedTimeout};
       const int key = u.fd.get();
       unclaimed.push_back(std::move(u));
       handshakes.erase(key);  // destroys hs
@@ -129,7 +130,7 @@ void TcpDevice::Impl::claimStreams() {
       }
     }
     if (match->expectedStreams[path] == 0) match->expectedStreams[path] = it->info.streamCount;
-    attachStream(*match, std::move(it->fd), path);
+    attachStream(*match, std::move(it->fd), path, it->keys);
     it = unclaimed.erase(it);
     if (relayStream) {
       if (match->ready) match->engine->onPathUp(path, via);
@@ -188,7 +189,7 @@ Result<std::pair<int, ChannelPtr>> TcpDevice::Impl::acceptAny(std::uint64_t sess
     entry->ready = true;
     for (auto it = unclaimed.begin(); it != unclaimed.end();) {
       if (it->info.sessionId == sessionId && it->info.rank == rank) {
-        attachStream(*entry, std::move(it->fd), it->info.pathIndex);
+        attachStream(*entry, std::move(it->fd), it->info.pathIndex, it->keys);
         it = unclaimed.erase(it);
       } else {
         ++it;

@@ -44,6 +44,10 @@ namespace meridian::transport::tcp {
 // larger payload goes straight from the socket into its destination (no extra copy).
 inline constexpr std::size_t kReadBufferBytes = 8 * 1024;
 inline constexpr std::size_t kDirectReadMinBytes = 8 * 1024;
+// With MERIDIAN_WIRE_SECURITY=encrypt payloads cannot be read in place: they come through a
+// larger read buffer (decrypted from it into place) and leave from a staging buffer of the
+// same size (encrypted into it).
+inline constexpr std::size_t kSealedBufferBytes = 128 * 1024;
 inline constexpr std::size_t kReadBudgetBytes = 8u << 20;
 // Acks of chunks this large go out at once (their sender waits for them); smaller ones
 // wait up to kAckDelayUs for company, or until kAckBatchBytes of them are queued.
@@ -72,7 +76,8 @@ inline ConnectInfo dataStreamInfo(std::uint64_t sessionId, int rank, std::size_t
 
 // An accepted connection still in the server side of the handshake.
 struct PendingHandshake {
-  PendingHandshake(std::string secret, ServerHandshake::Admit admit) : machine(std::move(secret), std::move(admit)) {}
+  PendingHandshake(std::string secret, WireSecurity mode, ServerHandshake::Admit admit)
+      : machine(std::move(secret), mode, std::move(admit)) {}
   UniqueFd fd;
   std::string peer;
   TimePoint deadline;
@@ -86,6 +91,7 @@ struct PendingHandshake {
 struct UnclaimedStream {
   UniqueFd fd;
   ConnectInfo info;
+  SessionKeys keys;
   TimePoint deadline;
 };
 
@@ -96,9 +102,17 @@ struct Stream {
   bool dead = false;
   bool gotClose = false;
   bool wantOut = false;
+  // Every frame travels in sealed records (core/aead.h): the header as one, its payload (a
+  // chunk, a remote reference, rail names) as the next. tx seals what this end writes, rx
+  // opens what it reads; with MERIDIAN_WIRE_SECURITY=off they add nothing.
+  std::unique_ptr<RecordCipher> tx, rx;
   // Reading.
   bool inPayload = false;
-  std::uint8_t header[kFrameHeaderBytes] = {};
+  bool payloadRecord = false;  // the payload is a streamed record whose tag follows it
+  std::uint8_t header[kFrameHeaderBytes + kAeadTagBytes] = {};
+  std::uint8_t tagIn[kAeadTagBytes] = {};
+  std::size_t tagGot = 0;
+  std::size_t rcap = 0;  // rbuf's size
   std::size_t headerGot = 0;
   RecvTarget target;
   std::uint64_t payloadGot = 0;
@@ -116,20 +130,30 @@ struct Stream {
   // A kDataRef frame whose address is still arriving.
   bool refPending = false;
   FrameHeader refHeader;
-  std::uint8_t refIn[kRemoteRefBytes] = {};
+  std::uint8_t refIn[kRemoteRefBytes + kAeadTagBytes] = {};
   std::size_t refGot = 0;
-  // Writing: control frames (acks, close) go out between data frames.
+  // Writing: control frames (acks, close, rail names) go out between data frames. They
+  // queue in ctrl as plain frames and are sealed into `wire` (in the order they go out)
+  // when no data frame is under way.
   std::vector<std::uint8_t> ctrl;
-  std::size_t ctrlDone = 0;
+  std::vector<std::uint8_t> wire;
+  std::size_t wireDone = 0;
   bool ctrlUrgent = false;      // an ack of a large chunk (its sender waits for it)
   std::int64_t ctrlSinceUs = 0; // when the oldest unsent control frame was queued
   bool writing = false;
   OutChunk chunk;
-  FrameHeaderBytes chunkHeader{};
-  std::uint64_t written = 0;  // of header + payload
+  std::array<std::uint8_t, kFrameHeaderBytes + kAeadTagBytes> chunkHeader{};  // sealed
+  std::uint64_t written = 0;  // of the frame's bytes on the wire: header record, payload, tag
   std::uint64_t frameBytes = 0;
+  std::uint32_t payloadBytes = 0;              // the chunk's payload (kData)
   bool writingRef = false;                     // the frame is a kDataRef: refOut is its payload
-  RemoteRefBytes refOut{};
+  std::array<std::uint8_t, kRemoteRefBytes + kAeadTagBytes> refOut{};  // sealed
+  std::uint64_t payloadSealed = 0;  // payload bytes fed to tx so far
+  bool tagSealed = false;
+  std::uint8_t tagOut[kAeadTagBytes] = {};
+  // encrypt: the payload's ciphertext goes out of `stage`, sealed a piece at a time.
+  std::unique_ptr<std::uint8_t[]> stage;
+  std::size_t stagePos = 0, stageLen = 0;
   int notsentLowat = 0;  // TCP_NOTSENT_LOWAT in force (0: none)
   // A PATH-NAMES frame whose payload is still arriving.
   bool namesPending = false;
@@ -265,6 +289,7 @@ struct TcpDevice::Impl {
   std::map<int, RelayEntry*> relaysByFd;
   Counter* relayedBytes = nullptr;
   Counter* directReadBytes = nullptr;  // chunk bytes read straight from same-host peers' memory
+  Counter* integrityFailures = nullptr;  // records from peers that failed their tag
   std::int64_t lastStallCheckUs = 0;
   std::int64_t lastTcpInfoUs = 0;
   static constexpr std::int64_t kTcpInfoPeriodUs = 1'000'000;  // TCP_INFO of every stream, once a second
@@ -342,8 +367,16 @@ struct TcpDevice::Impl {
   void endRelay(RelayEntry& r);
   // Queues a CLOSE frame on a stream between frames and sends it (bounded wait).
   void sayGoodbye(Stream& s);
-  void attachStream(ChannelEntry& e, UniqueFd fd, std::size_t path);
+  void attachStream(ChannelEntry& e, UniqueFd fd, std::size_t path, const SessionKeys& keys);
   void readStream(Stream& s);
+  // Queues a control frame (a header, and a payload for those that have one) on a stream.
+  void queueControl(Stream& s, std::span<const std::uint8_t> frame, bool urgent);
+  // Seals the queued control frames into the stream's output (only between data frames).
+  void sealControl(Stream& s);
+  // Starts writing `s.chunk` as a frame: seals its header (and reference) records.
+  void startFrame(Stream& s);
+  // A record from the peer failed its tag: the path fails, saying "integrity".
+  void failIntegrity(Stream& s, std::string_view what);
   // A chunk's header (kData, or a kDataRef's once its address arrived) is in: finds its
   // target and starts the payload. False when it failed the channel and the path.
   bool beginChunk(Stream& s, const FrameHeader& h);

@@ -74,11 +74,9 @@ void TcpDevice::Impl::sendRailNames(ChannelEntry& e) {
   h.length = static_cast<std::uint32_t>(payload->size());
   h.totalBytes = h.length;
   const auto header = encodeFrameHeader(h);
-  Stream& s = *e.streams[0][0];
-  if (s.ctrlDone == s.ctrl.size()) s.ctrlSinceUs = nowUs();
-  s.ctrl.insert(s.ctrl.end(), header.begin(), header.end());
-  s.ctrl.insert(s.ctrl.end(), payload->begin(), payload->end());
-  s.ctrlUrgent = true;
+  std::vector<std::uint8_t> frame(header.begin(), header.end());
+  frame.insert(frame.end(), payload->begin(), payload->end());
+  queueControl(*e.streams[0][0], frame, /*urgent=*/true);
   e.railNamesSent = true;
 }
 

@@ -1,11 +1,23 @@
-// The connection handshake: a versioned, mutual HMAC-SHA256 challenge-response that
-// proves both ends hold the job secret before a single frame is exchanged.
+// The connection handshake: a versioned, mutual challenge-response over the job secret that
+// also agrees the wire-security mode and derives the connection's session keys. Version 2.
 //
-//   client -> server  HELLO      magic, version, client nonce                  (40 bytes)
-//   server -> client  CHALLENGE  magic, version, status, server nonce,
-//                                HMAC(secret, "server" | nonceC | nonceS)      (72 bytes)
-//   client -> server  AUTH       HMAC(secret, "client" | nonceC | nonceS | info), info (56 bytes)
-//   server -> client  RESULT     magic, status                                 (8 bytes)
+//   master     = HMAC-SHA256("meridian-master-v2", secret)
+//   rankKey(r) = HMAC-SHA256(master, "meridian-rank" | r)
+//
+//   client -> server  HELLO      magic, version, mode, client nonce                       (40 bytes)
+//   server -> client  CHALLENGE  magic, version, status, mode, server nonce,
+//                                HMAC(master, "meridian-server" | HELLO | CHALLENGE[0..48))  (80 bytes)
+//   client -> server  AUTH       HMAC(rankKey(info.rank), "meridian-client" | HELLO |
+//                                     CHALLENGE | info), info                              (56 bytes)
+//   server -> client  RESULT     magic, status, HMAC(master, "meridian-result" | HELLO |
+//                                     CHALLENGE | AUTH | RESULT[0..8))                     (40 bytes)
+//
+// Every MAC covers the whole transcript so far: a changed mode (a downgrade), nonce or
+// field fails it. The client proves the key of the rank it claims, so a connection is bound
+// to one rank. Session keys: HKDF-SHA256(salt = client nonce | server nonce, ikm = master,
+// info = "meridian-v2-session" | HELLO | CHALLENGE | AUTH) gives each direction its own
+// AES-256-GCM key and IV (core/aead.h); every frame after the handshake is a sealed record.
+// Both ends must run the same MERIDIAN_WIRE_SECURITY; a mismatch is refused, saying which.
 //
 // The codec below is pure (unit-tested and fuzzed). The server's side is one state machine
 // without I/O (ServerHandshake) that both the blocking wrapper for set-up paths
@@ -20,6 +32,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/aead.h"
 #include "core/clock.h"
 #include "core/secret.h"
 #include "core/status.h"
@@ -27,11 +40,11 @@
 namespace meridian::transport::tcp {
 
 inline constexpr std::uint32_t kHandshakeMagic = 0x4E44524D;  // "MRDN" little-endian
-inline constexpr std::uint16_t kProtocolVersion = 1;
+inline constexpr std::uint16_t kProtocolVersion = 2;
 inline constexpr std::size_t kHelloBytes = 40;
-inline constexpr std::size_t kChallengeBytes = 72;
+inline constexpr std::size_t kChallengeBytes = 80;
 inline constexpr std::size_t kAuthBytes = 56;
-inline constexpr std::size_t kResultBytes = 8;
+inline constexpr std::size_t kResultBytes = 40;
 
 using Nonce = std::array<std::uint8_t, 32>;
 
@@ -52,25 +65,50 @@ struct ConnectInfo {
   std::uint8_t pathCount = 0;    // kDataStream: paths the client opens (0: not said)
 };
 
-enum class HandshakeResult : std::uint16_t { kOk = 0, kVersionMismatch = 1, kAuthFailed = 2, kRejected = 3 };
+enum class HandshakeResult : std::uint16_t {
+  kOk = 0,
+  kVersionMismatch = 1,
+  kAuthFailed = 2,
+  kRejected = 3,
+  kModeMismatch = 4,  // the two ends run different MERIDIAN_WIRE_SECURITY
+};
 
-std::array<std::uint8_t, kHelloBytes> encodeHello(const Nonce& clientNonce);
+// What a finished handshake leaves each end: the agreed mode and its two directions' keys.
+struct SessionKeys {
+  WireSecurity mode = WireSecurity::kEncrypt;
+  DirectionKey send;
+  DirectionKey recv;
+};
+
+// The handshake's running transcript (every message so far, in order).
+using Transcript = std::vector<std::uint8_t>;
+
+std::array<std::uint8_t, kHelloBytes> encodeHello(const Nonce& clientNonce, WireSecurity mode);
 // Fails with kPeerError on bad magic or a version we do not speak (the message says which).
-Result<Nonce> decodeHello(std::span<const std::uint8_t> bytes, std::uint16_t* peerVersion = nullptr);
+// *mode gets the client's mode (an unknown one is an error).
+Result<Nonce> decodeHello(std::span<const std::uint8_t> bytes, std::uint16_t* peerVersion = nullptr,
+                          WireSecurity* mode = nullptr);
 
-std::array<std::uint8_t, kChallengeBytes> encodeChallenge(std::string_view secret, const Nonce& clientNonce,
-                                                          const Nonce& serverNonce, HandshakeResult status);
-// Checks the server's proof; returns the server nonce.
-Result<Nonce> verifyChallenge(std::string_view secret, const Nonce& clientNonce,
+// transcript: HELLO so far; the challenge is appended.
+std::array<std::uint8_t, kChallengeBytes> encodeChallenge(std::string_view secret, Transcript& transcript,
+                                                          const Nonce& serverNonce, HandshakeResult status,
+                                                          WireSecurity mode);
+// Checks the server's proof and mode (transcript: HELLO; the challenge is appended); returns
+// the server nonce.
+Result<Nonce> verifyChallenge(std::string_view secret, Transcript& transcript, WireSecurity mode,
                               std::span<const std::uint8_t> bytes);
 
-std::array<std::uint8_t, kAuthBytes> encodeAuth(std::string_view secret, const Nonce& clientNonce,
-                                                const Nonce& serverNonce, const ConnectInfo& info);
-Result<ConnectInfo> verifyAuth(std::string_view secret, const Nonce& clientNonce, const Nonce& serverNonce,
-                               std::span<const std::uint8_t> bytes);
+std::array<std::uint8_t, kAuthBytes> encodeAuth(std::string_view secret, Transcript& transcript,
+                                                const ConnectInfo& info);
+Result<ConnectInfo> verifyAuth(std::string_view secret, Transcript& transcript, std::span<const std::uint8_t> bytes);
 
-std::array<std::uint8_t, kResultBytes> encodeResult(HandshakeResult result);
-Status decodeResult(std::span<const std::uint8_t> bytes);
+std::array<std::uint8_t, kResultBytes> encodeResult(std::string_view secret, const Transcript& transcript,
+                                                    HandshakeResult result);
+Status decodeResult(std::string_view secret, const Transcript& transcript, std::span<const std::uint8_t> bytes);
+
+// Both ends' keys from the finished transcript (HELLO | CHALLENGE | AUTH); `client` picks
+// which direction is send.
+SessionKeys deriveSessionKeys(std::string_view secret, const Transcript& transcript, WireSecurity mode, bool client);
 
 // The server's side: feed it exactly wantBytes() bytes at a time as they arrive, send back
 // what each feed returns, until finished(); result() then says who connected, or why not.
@@ -80,26 +118,35 @@ Status decodeResult(std::span<const std::uint8_t> bytes);
 class ServerHandshake {
  public:
   using Admit = std::function<Status(const ConnectInfo&)>;
-  ServerHandshake(std::string secret, Admit admit = {});
+  ServerHandshake(std::string secret, WireSecurity mode, Admit admit = {});
   std::size_t wantBytes() const;
   std::vector<std::uint8_t> feed(std::span<const std::uint8_t> bytes);
   bool finished() const { return step_ == Step::kDone; }
   const Result<ConnectInfo>& result() const { return result_; }
+  // The session keys, once result() is ok.
+  const SessionKeys& keys() const { return keys_; }
 
  private:
   enum class Step : std::uint8_t { kHello, kAuth, kDone };
   std::string secret_;
+  WireSecurity mode_;
   Admit admit_;
   Step step_ = Step::kHello;
-  Nonce clientNonce_{};
   Nonce serverNonce_{};
+  Transcript transcript_;
   Result<ConnectInfo> result_;
+  SessionKeys keys_;
 };
 
 // Blocking wrappers for set-up paths (fd must be a blocking or pollable socket).
-Status clientHandshake(int fd, std::string_view secret, const ConnectInfo& info, TimePoint deadline);
-Result<ConnectInfo> serverHandshake(int fd, std::string_view secret, TimePoint deadline,
-                                    const ServerHandshake::Admit& admit = {});
+Result<SessionKeys> clientHandshake(int fd, std::string_view secret, WireSecurity mode, const ConnectInfo& info,
+                                    TimePoint deadline);
+struct ServerHandshakeResult {
+  ConnectInfo info;
+  SessionKeys keys;
+};
+Result<ServerHandshakeResult> serverHandshake(int fd, std::string_view secret, WireSecurity mode, TimePoint deadline,
+                                              const ServerHandshake::Admit& admit = {});
 
 Nonce freshNonce();
 

@@ -3,15 +3,20 @@
 
 namespace meridian::transport::tcp {
 
-void TcpDevice::Impl::attachStream(ChannelEntry& e, UniqueFd fd, std::size_t path) {
+void TcpDevice::Impl::attachStream(ChannelEntry& e, UniqueFd fd, std::size_t path, const SessionKeys& keys) {
   auto s = std::make_unique<Stream>();
+  s->tx = std::make_unique<RecordCipher>(keys.mode, RecordCipher::Role::kSeal, keys.send);
+  s->rx = std::make_unique<RecordCipher>(keys.mode, RecordCipher::Role::kOpen, keys.recv);
+  const bool encrypting = keys.mode == WireSecurity::kEncrypt;
+  s->rcap = encrypting ? kSealedBufferBytes : kReadBufferBytes;
+  if (encrypting) s->stage = std::make_unique<std::uint8_t[]>(kSealedBufferBytes);
   Status usable = tuneDataSocket(fd.get(), options.tcp.socketBufferBytes);
   if (usable.isOk()) usable = setNonBlocking(fd.get(), true);
   s->fd = std::move(fd);
   s->path = path;
   limitUnsent(*s, 0);  // the floor until the first TCP_INFO reading gives a rate
   s->entry = &e;
-  s->rbuf = std::make_unique<std::uint8_t[]>(kReadBufferBytes);
+  s->rbuf = std::make_unique<std::uint8_t[]>(s->rcap);
   if (usable.isOk()) usable = epollSet(s->fd.get(), EPOLLIN, true);
   Stream& raw = *s;
   if (usable.isOk()) streamsByFd[s->fd.get()] = s.get();
@@ -51,9 +56,45 @@ void TcpDevice::Impl::failPath(ChannelEntry& e, std::size_t path, const Status& 
   }
 }
 
+void TcpDevice::Impl::failIntegrity(Stream& s, std::string_view what) {
+  integrityFailures->add(1);
+  ChannelEntry& e = *s.entry;
+  Status why = peerError("integrity: a {} record from rank {} on path {} failed its tag (changed, forged, replayed or "
+                         "reordered on the way); the path is dropped",
+                         what, e.peerRank, s.path);
+  MLOG_ERROR(kTransport, "{}", why.message());
+  failPath(e, s.path, why, false);
+}
+
+namespace {
+
+// Opens n payload bytes of the record under way from `in` into `out` (nullptr: a chunk with
+// no target, still authenticated so that the stream stays in step).
+void openPayload(Stream& s, const std::uint8_t* in, std::uint8_t* out, std::size_t n) {
+  if (out != nullptr || s.rx->mode() != WireSecurity::kEncrypt) {
+    s.rx->update(in, out, n);
+    return;
+  }
+  for (std::size_t done = 0; done < n;) {
+    const std::size_t step = std::min(n - done, sizeof(s.drain));
+    s.rx->update(in + done, s.drain, step);
+    done += step;
+  }
+}
+
+// Opens a whole small record held in `buf` (its tag right after its `n` bytes) in place.
+bool openInPlace(Stream& s, std::uint8_t* buf, std::size_t n) {
+  return s.rx->open(std::span<const std::uint8_t>(buf, n), buf, buf + n);
+}
+
+}  // namespace
+
 void TcpDevice::Impl::readStream(Stream& s) {
   ChannelEntry& e = *s.entry;
   ChannelEngine& ch = *e.engine;
+  const std::size_t tagBytes = s.rx->tagBytes();
+  // Encrypted payloads are decrypted into place from the read buffer, never read in place.
+  const bool readInPlace = s.rx->mode() != WireSecurity::kEncrypt;
   std::size_t budget = kReadBudgetBytes;
   // A read shorter than asked for emptied the socket: once its bytes are consumed, stop
   // (epoll is level-triggered and reports what arrives later) instead of paying a
@@ -64,9 +105,9 @@ void TcpDevice::Impl::readStream(Stream& s) {
       if (drained) return;
       s.rpos = s.rlen = 0;
       std::uint8_t* dst = s.rbuf.get();
-      std::size_t want = kReadBufferBytes;
+      std::size_t want = s.rcap;
       bool direct = false;
-      if (s.inPayload) {
+      if (s.inPayload && readInPlace) {
         std::uint64_t remaining = s.target.header.length - s.payloadGot;
         if (remaining >= kDirectReadMinBytes) {
           std::uint8_t* p = ch.targetPointer(s.target, s.payloadGot);
@@ -94,6 +135,7 @@ void TcpDevice::Impl::readStream(Stream& s) {
       budget -= std::min<std::size_t>(budget, static_cast<std::size_t>(n));
       drained = static_cast<std::size_t>(n) < want;
       if (direct) {
+        openPayload(s, dst, dst == s.drain ? nullptr : dst, static_cast<std::size_t>(n));
         s.payloadGot += static_cast<std::uint64_t>(n);
       } else {
         s.rlen = static_cast<std::size_t>(n);
@@ -104,17 +146,21 @@ void TcpDevice::Impl::readStream(Stream& s) {
       if (s.namesPending) {
         if (!s.takeBuffered(s.namesIn.data(), &s.namesGot, s.namesIn.size())) break;
         s.namesPending = false;
+        if (!openInPlace(s, s.namesIn.data(), s.namesIn.size() - tagBytes)) return failIntegrity(s, "rail names");
+        s.namesIn.resize(s.namesIn.size() - tagBytes);
         takeRailNames(e, s.namesIn);
         s.namesIn = {};
         continue;
       }
       if (s.refPending) {
-        if (!s.takeBuffered(s.refIn, &s.refGot, kRemoteRefBytes)) break;
+        if (!s.takeBuffered(s.refIn, &s.refGot, kRemoteRefBytes + tagBytes)) break;
         s.refPending = false;
+        if (!openInPlace(s, s.refIn, kRemoteRefBytes)) return failIntegrity(s, "remote reference");
         if (!readDirectChunk(s)) return;
       } else if (!s.inPayload) {
-        if (!s.takeBuffered(s.header, &s.headerGot, kFrameHeaderBytes)) break;
+        if (!s.takeBuffered(s.header, &s.headerGot, kFrameHeaderBytes + tagBytes)) break;
         s.headerGot = 0;
+        if (!openInPlace(s, s.header, kFrameHeaderBytes)) return failIntegrity(s, "frame header");
         auto h = decodeFrameHeader(std::span<const std::uint8_t>(s.header, kFrameHeaderBytes));
         if (!h) {
           MLOG_ERROR(kTransport, "bad frame from rank {} on path {}: {}; closing the connection", e.peerRank, s.path,
@@ -143,7 +189,7 @@ void TcpDevice::Impl::readStream(Stream& s) {
             failPath(e, s.path, st, false);
             return;
           }
-          s.namesIn.assign(h->length, 0);
+          s.namesIn.assign(h->length + tagBytes, 0);
           s.namesGot = 0;
           s.namesPending = true;
           continue;
@@ -163,15 +209,24 @@ void TcpDevice::Impl::readStream(Stream& s) {
           continue;
         }
         if (!beginChunk(s, h.value())) return;
+        s.rx->begin(h->length);
+        s.payloadRecord = true;
+        s.tagGot = 0;
       }
       if (s.payloadGot < s.target.header.length) {
         if (s.rpos == s.rlen) break;
         std::size_t take = static_cast<std::size_t>(
             std::min<std::uint64_t>(s.target.header.length - s.payloadGot, s.rlen - s.rpos));
-        if (std::uint8_t* p = ch.targetPointer(s.target, s.payloadGot)) std::memcpy(p, s.rbuf.get() + s.rpos, take);
+        openPayload(s, s.rbuf.get() + s.rpos, ch.targetPointer(s.target, s.payloadGot), take);
         s.rpos += take;
         s.payloadGot += take;
         if (s.payloadGot < s.target.header.length) break;
+      }
+      if (s.payloadRecord) {
+        // Nothing of the chunk counts until its tag says the bytes are genuine.
+        if (!s.takeBuffered(s.tagIn, &s.tagGot, tagBytes)) break;
+        s.payloadRecord = false;
+        if (!s.rx->finishOpen(s.tagIn)) return failIntegrity(s, "chunk payload");
       }
       auto ack = ch.onDataComplete(s.target, s.path);
       s.inPayload = false;
@@ -180,10 +235,7 @@ void TcpDevice::Impl::readStream(Stream& s) {
         failChannel(e, s.path, ack.status());
         return;
       }
-      auto bytes = encodeFrameHeader(ack.value());
-      if (s.ctrlDone == s.ctrl.size()) s.ctrlSinceUs = nowUs();
-      s.ctrl.insert(s.ctrl.end(), bytes.begin(), bytes.end());
-      if (ack->length >= kUrgentAckChunkBytes) s.ctrlUrgent = true;
+      queueControl(s, encodeFrameHeader(ack.value()), ack->length >= kUrgentAckChunkBytes);
     }
   }
 }
@@ -212,7 +264,7 @@ bool TcpDevice::Impl::readDirectChunk(Stream& s) {
   if (!beginChunk(s, s.refHeader)) return false;
   // A duplicate of a finished message has no target: its sender may own the buffer again.
   if (std::uint8_t* p = ch.targetPointer(s.target, 0); p != nullptr && s.target.header.length > 0) {
-    const RemoteRef ref = decodeRemoteRef(std::span<const std::uint8_t, kRemoteRefBytes>(s.refIn));
+    const RemoteRef ref = decodeRemoteRef(std::span<const std::uint8_t, kRemoteRefBytes>(s.refIn, kRemoteRefBytes));
     Status st = ref.key == 0 ? readDirect(e.readPid, p, ref.address, s.target.header.length)
                              : peerError("rank {} sent a remote-read key {:#x}; same-host reads take none", e.peerRank,
                                          ref.key);
@@ -226,6 +278,54 @@ bool TcpDevice::Impl::readDirectChunk(Stream& s) {
   return true;
 }
 
+void TcpDevice::Impl::queueControl(Stream& s, std::span<const std::uint8_t> frame, bool urgent) {
+  if (s.ctrl.empty()) s.ctrlSinceUs = nowUs();
+  s.ctrl.insert(s.ctrl.end(), frame.begin(), frame.end());
+  if (urgent) s.ctrlUrgent = true;
+}
+
+void TcpDevice::Impl::sealControl(Stream& s) {
+  const std::size_t tagBytes = s.tx->tagBytes();
+  for (std::size_t at = 0; at < s.ctrl.size();) {
+    // Our own frames: a header, then rail names' payload (the only control frame with one).
+    auto h = decodeFrameHeader(std::span<const std::uint8_t>(s.ctrl).subspan(at, kFrameHeaderBytes));
+    const std::size_t payload = h && h->type == FrameType::kPathNames ? h->length : 0;
+    for (std::size_t n : {kFrameHeaderBytes, payload}) {
+      if (n == 0) continue;
+      const std::size_t out = s.wire.size();
+      s.wire.resize(out + n + tagBytes);
+      s.tx->seal(std::span<const std::uint8_t>(s.ctrl).subspan(at, n), s.wire.data() + out, s.wire.data() + out + n);
+      at += n;
+    }
+  }
+  s.ctrl.clear();
+  s.ctrlUrgent = false;
+}
+
+void TcpDevice::Impl::startFrame(Stream& s) {
+  ChannelEngine& ch = *s.entry->engine;
+  const std::size_t tagBytes = s.tx->tagBytes();
+  const FrameHeader h = ch.chunkHeader(s.chunk);
+  const FrameHeaderBytes plain = encodeFrameHeader(h);
+  s.tx->seal(plain, s.chunkHeader.data(), s.chunkHeader.data() + kFrameHeaderBytes);
+  s.writing = true;
+  s.written = 0;
+  s.writingRef = h.type == FrameType::kDataRef;
+  if (s.writingRef) {
+    const RemoteRefBytes ref = encodeRemoteRef(ch.chunkRef(s.chunk));
+    s.tx->seal(ref, s.refOut.data(), s.refOut.data() + kRemoteRefBytes);
+    s.payloadBytes = 0;
+    s.frameBytes = kFrameHeaderBytes + tagBytes + kRemoteRefBytes + tagBytes;
+    return;
+  }
+  s.payloadBytes = h.length;
+  s.tx->begin(h.length);
+  s.payloadSealed = 0;
+  s.tagSealed = false;
+  s.stagePos = s.stageLen = 0;
+  s.frameBytes = kFrameHeaderBytes + tagBytes + h.length + tagBytes;
+}
+
 void TcpDevice::Impl::flushStream(Stream& s) {
   ChannelEntry& e = *s.entry;
   ChannelEngine& ch = *e.engine;
@@ -233,50 +333,70 @@ void TcpDevice::Impl::flushStream(Stream& s) {
   // frame (with zeros) would hand the peer bytes it has not seen. Its streams are closed
   // by progressChannels instead.
   if (ch.failed()) return;
+  const std::size_t tagBytes = s.tx->tagBytes();
+  const std::size_t headerWire = kFrameHeaderBytes + tagBytes;
+  const WireSecurity mode = s.tx->mode();
   while (!s.dead) {
-    iovec iov[3];
+    iovec iov[4];
     int iovcnt = 0;
     if (!s.writing) {
-      bool ctrlPending = s.ctrlDone < s.ctrl.size();
-      if (!ctrlPending) {
-        s.ctrl.clear();
-        s.ctrlDone = 0;
-        s.ctrlUrgent = false;
+      if (s.wireDone == s.wire.size()) {
+        s.wire.clear();
+        s.wireDone = 0;
       }
       if (ch.nextChunk(s.path, &s.chunk)) {
-        const FrameHeader h = ch.chunkHeader(s.chunk);
-        s.chunkHeader = encodeFrameHeader(h);
-        s.writing = true;
-        s.written = 0;
-        s.writingRef = h.type == FrameType::kDataRef;
-        if (s.writingRef) s.refOut = encodeRemoteRef(ch.chunkRef(s.chunk));
-        s.frameBytes = kFrameHeaderBytes + (s.writingRef ? kRemoteRefBytes : h.length);
-      } else if (ctrlPending && !s.ctrlUrgent && s.ctrl.size() - s.ctrlDone < kAckBatchBytes &&
+        // Control frames queued so far go first, sealed before the frame (records are
+        // numbered in the order they go out); later ones wait for the frame's end.
+        sealControl(s);
+        startFrame(s);
+      } else if (!s.ctrl.empty() && !s.ctrlUrgent && s.ctrl.size() < kAckBatchBytes &&
                  nowUs() - s.ctrlSinceUs < kAckDelayUs) {
         // Acks of small messages wait briefly for company (data or more acks): their
         // senders completed already (eager), and the receiver returns sooner.
-        break;
+        if (s.wireDone == s.wire.size()) break;
+      } else {
+        sealControl(s);
       }
     }
-    // Control frames go first and never inside a data frame; a data frame that has not
-    // started rides in the same sendmsg (one syscall, one segment for the peer to read).
-    std::size_t ctrlBytes = 0;
-    if (s.ctrlDone < s.ctrl.size() && (!s.writing || s.written == 0)) {
-      ctrlBytes = s.ctrl.size() - s.ctrlDone;
-      iov[iovcnt++] = {s.ctrl.data() + s.ctrlDone, ctrlBytes};
-    }
+    // Sealed control frames, then the data frame under way, in one sendmsg where they fit.
+    std::size_t ctrlBytes = s.wire.size() - s.wireDone;
+    if (ctrlBytes > 0) iov[iovcnt++] = {s.wire.data() + s.wireDone, ctrlBytes};
     if (s.writing) {
-      if (s.written < kFrameHeaderBytes) {
-        iov[iovcnt++] = {s.chunkHeader.data() + s.written, kFrameHeaderBytes - s.written};
-      }
-      std::uint64_t payloadDone = s.written > kFrameHeaderBytes ? s.written - kFrameHeaderBytes : 0;
-      if (payloadDone < s.frameBytes - kFrameHeaderBytes) {
-        if (s.writingRef) {
-          iov[iovcnt++] = {s.refOut.data() + payloadDone, kRemoteRefBytes - payloadDone};
-        } else {
-          std::size_t n = 0;
-          const std::uint8_t* p = ch.chunkPayload(s.chunk, payloadDone, &n);
-          iov[iovcnt++] = {const_cast<std::uint8_t*>(p), n};
+      if (s.written < headerWire) iov[iovcnt++] = {s.chunkHeader.data() + s.written, headerWire - s.written};
+      const std::uint64_t bodyDone = s.written > headerWire ? s.written - headerWire : 0;
+      if (s.writingRef) {
+        iov[iovcnt++] = {s.refOut.data() + bodyDone, kRemoteRefBytes + tagBytes - bodyDone};
+      } else {
+        const std::uint64_t payloadDone = std::min<std::uint64_t>(bodyDone, s.payloadBytes);
+        if (payloadDone < s.payloadBytes) {
+          if (mode == WireSecurity::kEncrypt) {
+            if (s.stagePos == s.stageLen) {  // the last piece is out: seal the next
+              std::size_t n = 0;
+              const std::uint8_t* p = ch.chunkPayload(s.chunk, s.payloadSealed, &n);
+              n = std::min(n, kSealedBufferBytes);
+              s.tx->update(p, s.stage.get(), n);
+              s.payloadSealed += n;
+              s.stagePos = 0;
+              s.stageLen = n;
+            }
+            iov[iovcnt++] = {s.stage.get() + s.stagePos, s.stageLen - s.stagePos};
+          } else {
+            std::size_t n = 0;
+            const std::uint8_t* p = ch.chunkPayload(s.chunk, payloadDone, &n);
+            if (s.payloadSealed < payloadDone + n) {  // authenticated where it lies, once
+              s.tx->update(p + (s.payloadSealed - payloadDone), nullptr, payloadDone + n - s.payloadSealed);
+              s.payloadSealed = payloadDone + n;
+            }
+            iov[iovcnt++] = {const_cast<std::uint8_t*>(p), n};
+          }
+        }
+        if (s.payloadSealed == s.payloadBytes) {
+          if (!s.tagSealed) {
+            s.tx->finishSeal(s.tagOut);
+            s.tagSealed = true;
+          }
+          const std::uint64_t tagDone = bodyDone > s.payloadBytes ? bodyDone - s.payloadBytes : 0;
+          if (tagDone < tagBytes) iov[iovcnt++] = {s.tagOut + tagDone, tagBytes - tagDone};
         }
       }
     }
@@ -301,10 +421,14 @@ void TcpDevice::Impl::flushStream(Stream& s) {
     }
     std::size_t sent = static_cast<std::size_t>(n);
     const std::size_t toCtrl = std::min(sent, ctrlBytes);
-    s.ctrlDone += toCtrl;
+    s.wireDone += toCtrl;
     sent -= toCtrl;
     if (sent > 0) {
       s.written += static_cast<std::uint64_t>(sent);
+      if (mode == WireSecurity::kEncrypt && !s.writingRef && s.written > headerWire) {
+        const std::uint64_t payloadDone = std::min<std::uint64_t>(s.written - headerWire, s.payloadBytes);
+        s.stagePos = s.stageLen - static_cast<std::size_t>(s.payloadSealed - payloadDone);
+      }
       if (s.written == s.frameBytes) {
         ch.onChunkWritten(s.path, s.chunk, nowUs());
         s.writing = false;
@@ -367,15 +491,15 @@ void TcpDevice::Impl::limitUnsent(Stream& s, double deliveryBytesPerSec) {
 }
 
 void TcpDevice::Impl::sayGoodbye(Stream& s) {
-  // Only between frames: finish pending control frames first; a data frame cut midway gets
-  // no CLOSE (the peer then sees an abrupt end, which is the truth).
-  if (s.writing && s.written > 0) return;
+  // Only between frames: a frame under way has its records numbered already, and one cut
+  // midway gets no CLOSE (the peer then sees an abrupt end, which is the truth).
+  if (s.writing) return;
   FrameHeader close;
   close.type = FrameType::kClose;
-  auto bytes = encodeFrameHeader(close);
-  s.ctrl.insert(s.ctrl.end(), bytes.begin(), bytes.end());
+  queueControl(s, encodeFrameHeader(close), true);
+  sealControl(s);
   // Best effort: a peer that does not take it in 200 ms sees the close as abrupt.
-  if (Status st = sendAll(s.fd.get(), s.ctrl.data() + s.ctrlDone, s.ctrl.size() - s.ctrlDone,
+  if (Status st = sendAll(s.fd.get(), s.wire.data() + s.wireDone, s.wire.size() - s.wireDone,
                           Clock::now() + std::chrono::milliseconds(200));
       !st.isOk()) {
     MLOG_DEBUG(kTransport, "goodbye to rank {} on path {} not sent: {}", s.entry->peerRank, s.path, st.message());

@@ -82,6 +82,11 @@ Result<std::unique_ptr<TcpDevice>> TcpDevice::create(DeviceOptions options) {
       "meridian_transport_direct_read_bytes_total",
       "Message bytes this rank read straight from the memory of peers on its host (MERIDIAN_DIRECT_READ)",
       {{"device", impl->options.name}});
+  impl->integrityFailures = &MetricsRegistry::global().counter(
+      "meridian_transport_integrity_failures_total",
+      "Records from peers that failed their integrity tag (changed, forged, replayed or reordered on the way); each "
+      "failed its path",
+      {{"device", impl->options.name}});
   impl->epfd.reset(::epoll_create1(EPOLL_CLOEXEC));
   impl->waker->fd.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!impl->epfd.valid() || !impl->waker->fd.valid()) return internalError("epoll/eventfd: {}", errnoText(errno));
@@ -215,7 +220,12 @@ Result<ChannelPtr> TcpDevice::openChannel(const ChannelSpec& spec, TimePoint dea
   ChannelEntry* e = entry.get();
 
   if (spec.initiate) {
-    std::vector<std::pair<std::size_t, UniqueFd>> fds;
+    struct Opened {
+      std::size_t path;
+      UniqueFd fd;
+      SessionKeys keys;
+    };
+    std::vector<Opened> fds;
     for (std::size_t p = 0; p < nPaths; ++p) {
       auto remote = parseHostPort((*peerAddresses)[p]);
       if (!remote) return remote.status();
@@ -223,13 +233,13 @@ Result<ChannelPtr> TcpDevice::openChannel(const ChannelSpec& spec, TimePoint dea
         auto fd = connectTo(remote.value(), d.localIps[p], deadline);
         if (!fd) return fd.status().withContext(fmt::format("path {} to rank {}", p, spec.peerRank));
         const ConnectInfo info = dataStreamInfo(spec.sessionId, spec.selfRank, p, s, d.options.tcp.streamsPerPath, nPaths);
-        Status st = clientHandshake(fd->get(), d.options.secret, info, deadline);
-        if (!st.isOk()) return st.withContext(fmt::format("path {} to rank {}", p, spec.peerRank));
-        fds.emplace_back(p, std::move(fd.value()));
+        auto keys = clientHandshake(fd->get(), d.options.secret, *d.options.wireSecurity, info, deadline);
+        if (!keys) return keys.status().withContext(fmt::format("path {} to rank {}", p, spec.peerRank));
+        fds.push_back({p, std::move(fd.value()), keys.value()});
       }
     }
     d.runOnProgress([&] {
-      for (auto& [p, fd] : fds) d.attachStream(*e, std::move(fd), p);
+      for (auto& f : fds) d.attachStream(*e, std::move(f.fd), f.path, f.keys);
       for (std::size_t p = 0; p < nPaths; ++p) e->expectedStreams[p] = d.options.tcp.streamsPerPath;
       e->ready = true;
       d.sendRailNames(*e);
@@ -371,7 +381,7 @@ Status TcpDevice::openRelay(const RelaySpec& spec, TimePoint deadline) {
   auto via = parseHostPort(viaAddress);
   if (!via) return via.status();
   const std::string what = fmt::format("relay to rank {} via rank {} ({})", spec.peerRank, spec.viaRank, viaAddress);
-  std::vector<UniqueFd> fds;
+  std::vector<std::pair<UniqueFd, SessionKeys>> fds;
   for (int s = 0; s < d.options.tcp.streamsPerPath; ++s) {
     auto fd = connectTo(via.value(), localIp, deadline);
     if (!fd) return fd.status().withContext(what);
@@ -381,12 +391,15 @@ Status TcpDevice::openRelay(const RelaySpec& spec, TimePoint deadline) {
     hop.rank = spec.selfRank;
     hop.pathIndex = static_cast<std::uint16_t>(spec.plane);
     hop.relayTarget = spec.peerRank;
-    MERIDIAN_RETURN_IF_ERROR(clientHandshake(fd->get(), d.options.secret, hop, deadline).withContext(what));
-    // To the peer, end to end through via.
+    // The hop's own keys protect nothing further: after it the relay only splices bytes.
+    auto hopKeys = clientHandshake(fd->get(), d.options.secret, *d.options.wireSecurity, hop, deadline);
+    if (!hopKeys) return hopKeys.status().withContext(what);
+    // To the peer, end to end through via: sealed with keys the relay does not have.
     ConnectInfo info = dataStreamInfo(spec.sessionId, spec.selfRank, slot, s, d.options.tcp.streamsPerPath, 0);
     info.relayTarget = spec.viaRank;
-    MERIDIAN_RETURN_IF_ERROR(clientHandshake(fd->get(), d.options.secret, info, deadline).withContext(what));
-    fds.push_back(std::move(fd.value()));
+    auto keys = clientHandshake(fd->get(), d.options.secret, *d.options.wireSecurity, info, deadline);
+    if (!keys) return keys.status().withContext(what);
+    fds.emplace_back(std::move(fd.value()), keys.value());
   }
   Status attached = Status::ok();
   d.runOnProgress([&] {
@@ -396,7 +409,7 @@ Status TcpDevice::openRelay(const RelaySpec& spec, TimePoint deadline) {
       return;
     }
     e->streams[slot].clear();
-    for (auto& fd : fds) d.attachStream(*e, std::move(fd), slot);
+    for (auto& [fd, keys] : fds) d.attachStream(*e, std::move(fd), slot, keys);
     e->expectedStreams[slot] = d.options.tcp.streamsPerPath;
     e->engine->onPathUp(slot, spec.viaRank);
   });
