@@ -144,7 +144,7 @@ Result<std::unique_ptr<Communicator>> Communicator::create(bootstrap::Store& sto
     opts.ringSegmentBytes = static_cast<std::size_t>(bytes);
   }
   if (opts.secret.empty()) {
-    MERIDIAN_ASSIGN_OR_RETURN(opts.secret, readJobSecret());
+    MERIDIAN_ASSIGN_OR_RETURN(opts.secret, readJobSecret(worldSize));
   }
   log::setRank(rank);
   transport::setWaitersShareCores(localRanksOutnumberCores());
@@ -242,7 +242,7 @@ Result<std::unique_ptr<Communicator>> Communicator::createFromEnvironment(const 
   if (opts.localAddresses.empty()) opts.localAddresses = bootstrap::localPathAddresses(info);
   auto owned = std::make_unique<Owned>();
   if (opts.secret.empty()) {
-    MERIDIAN_ASSIGN_OR_RETURN(opts.secret, readJobSecret());
+    MERIDIAN_ASSIGN_OR_RETURN(opts.secret, readJobSecret(info.worldSize));
   }
   MERIDIAN_ASSIGN_OR_RETURN(owned->store,
                             bootstrap::rendezvous(info, opts.secret, Clock::now() + opts.timeout, &owned->server));

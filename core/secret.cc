@@ -1,22 +1,27 @@
 // Job secret loading and HMAC via OpenSSL.
 #include "core/secret.h"
 
+#include <array>
 #include <fstream>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include "core/knob_list.h"
 #include "core/knobs.h"
 #include "core/log.h"
 
 namespace meridian {
 
-Result<std::string> readJobSecret() {
+Result<std::string> readJobSecret(int worldSize) {
   if (knobIsSet(knobs::kSecret)) return knobString(knobs::kSecret);
   if (knobIsSet(knobs::kSecretFile)) {
     std::string path = knobString(knobs::kSecretFile);
@@ -29,18 +34,31 @@ Result<std::string> readJobSecret() {
     if (s.empty()) return invalidArgument("MERIDIAN_SECRET_FILE='{}': the file is empty", path);
     return s;
   }
+  if (worldSize == 1) {
+    std::array<std::uint8_t, 32> raw{};
+    randomBytes(raw);
+    return fmt::format("{:02x}", fmt::join(raw, ""));
+  }
+  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t insecure, readKnobInt(knobs::kInsecure, 0, 1));
+  if (insecure == 0) {
+    return invalidArgument(
+        "no job secret: set MERIDIAN_SECRET (or MERIDIAN_SECRET_FILE) to the same value on every rank, e.g. "
+        "MERIDIAN_SECRET=$(openssl rand -hex 32) (meridian-train --ranks N and meridian-lab make one themselves), or "
+        "MERIDIAN_INSECURE=1 to run on a well-known development secret that lets anyone who reaches the job's ports "
+        "join it");
+  }
   static std::once_flag warned;
   std::call_once(warned, [] {
     MLOG_WARN(kCore,
-              "NO JOB SECRET SET: MERIDIAN_SECRET and MERIDIAN_SECRET_FILE are empty, so connections "
-              "are authenticated with a well-known development secret. Anyone who can reach this "
-              "job's ports can join it. Set MERIDIAN_SECRET for any real run.");
+              "INSECURE: MERIDIAN_INSECURE=1 and no MERIDIAN_SECRET, so connections are authenticated with a "
+              "well-known development secret. Anyone who can reach this job's ports can join it, read what it "
+              "sends and change it. Set MERIDIAN_SECRET for any real run.");
   });
   return std::string("meridian-insecure-development-secret");
 }
 
-std::string loadJobSecret() {
-  Result<std::string> secret = readJobSecret();
+std::string loadJobSecret(int worldSize) {
+  Result<std::string> secret = readJobSecret(worldSize);
   if (!secret.isOk()) throw ConfigError(secret.status().message());
   return std::move(secret).value();
 }

@@ -13,11 +13,14 @@ namespace meridian {
 using Hmac256 = std::array<std::uint8_t, 32>;
 
 // The job secret: MERIDIAN_SECRET, else the contents of MERIDIAN_SECRET_FILE (trailing
-// newline removed), else a fixed development secret with a loud warning (once).
-// kInvalidArgument when the file cannot be read or is empty.
-Result<std::string> readJobSecret();
+// newline removed). Without either, a job is closed: kInvalidArgument saying how to set one,
+// unless it has one rank (worldSize 1: a fresh random secret, nobody else can join) or
+// MERIDIAN_INSECURE=1 (a fixed, well-known development secret, with a loud warning once).
+// worldSize 0: not known (the NCCL plugin, tools), treated as several ranks.
+// kInvalidArgument too when the file cannot be read or is empty.
+Result<std::string> readJobSecret(int worldSize = 0);
 // The same; throws ConfigError with the same message (set-up entry points).
-std::string loadJobSecret();
+std::string loadJobSecret(int worldSize = 0);
 
 Hmac256 hmacSha256(std::span<const std::uint8_t> key, std::span<const std::uint8_t> data);
 // Constant-time comparison.

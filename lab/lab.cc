@@ -22,8 +22,10 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "core/file_util.h"
+#include "core/secret.h"
 #include "core/local_launch.h"
 #include "core/scrape_targets.h"
 #include "lab/emulator.h"
@@ -280,6 +282,13 @@ Status labUp(const std::string& topologyFile, const UpOptions& options) {
     if (!st.isOk()) return fail(st);
   }
   if (Status st = saveState(s, topologyFile); !st.isOk()) return fail(st);
+  {
+    std::array<std::uint8_t, 32> raw{};
+    randomBytes(raw);
+    Status st = writeFileAtomically(s.secretFile(), fmt::format("{:02x}\n", fmt::join(raw, "")));
+    if (st.isOk() && ::chmod(s.secretFile().c_str(), 0600) != 0) st = internalError("chmod {}: {}", s.secretFile(), errnoText(errno));
+    if (!st.isOk()) return fail(st);
+  }
 
   std::vector<std::vector<UniqueFd>> tuns(topo.nodes.size());
   for (int n = 0; n < static_cast<int>(topo.nodes.size()); ++n) {
@@ -450,6 +459,11 @@ std::vector<std::pair<std::string, std::string>> nodeEnvironment(const LabState&
   }
   if (std::getenv("MERIDIAN_METRICS_ADDR") == nullptr && lab.mgmtIndex > 0)
     env.emplace_back("MERIDIAN_METRICS_ADDR", lab.metricsAddress(node));
+  // The lab's own job secret (made at `up`, readable by root only), unless the caller set one.
+  if (std::getenv("MERIDIAN_SECRET") == nullptr && std::getenv("MERIDIAN_SECRET_FILE") == nullptr &&
+      ::access(lab.secretFile().c_str(), R_OK) == 0) {
+    env.emplace_back("MERIDIAN_SECRET_FILE", lab.secretFile());
+  }
   return env;
 }
 

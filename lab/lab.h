@@ -31,6 +31,8 @@ struct LabState {
   // metrics. 0: none (a lab brought up before it existed).
   int mgmtIndex = 0;
   std::string controlSocket() const { return dir + "/control.sock"; }
+  // The lab's job secret (0600), handed to every node's ranks as MERIDIAN_SECRET_FILE.
+  std::string secretFile() const { return dir + "/secret"; }
   std::string mgmtBridge() const { return "mrdmgmt" + std::to_string(mgmtIndex); }
   std::string mgmtAddress(int node) const { return "198.19." + std::to_string(mgmtIndex) + "." + std::to_string(node + 2); }
   // Where node `node`'s ranks serve metrics (MERIDIAN_METRICS_ADDR in the node).

@@ -396,7 +396,7 @@ int run(int argc, char** argv) {
   auto info = bootstrap::detectLaunch();
   if (!info.isOk()) throw std::runtime_error(info.status().message());
   log::setRank(info->rank);
-  const std::string secret = loadJobSecret();
+  const std::string secret = loadJobSecret(info->worldSize);
   const auto timeout = std::chrono::milliseconds(knobInt(knobs::kTimeoutMs, 1, 1 << 30));
   std::unique_ptr<bootstrap::StoreServer> server;
   auto store = bootstrap::rendezvous(info.value(), secret, Clock::now() + timeout, &server);

@@ -44,7 +44,28 @@ TEST_F(SecretTest, EnvironmentThenFileThenDevelopmentDefault) {
   ::setenv("MERIDIAN_SECRET_FILE", path.c_str(), 1);
   EXPECT_EQ(loadJobSecret(), "from-file");
   ::unsetenv("MERIDIAN_SECRET_FILE");
-  EXPECT_FALSE(loadJobSecret().empty());
+}
+
+TEST_F(SecretTest, WithoutASecretAJobOfSeveralRanksIsClosedUnlessToldInsecure) {
+  auto closed = readJobSecret(4);
+  ASSERT_FALSE(closed.isOk());
+  EXPECT_EQ(closed.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(closed.status().message().find("MERIDIAN_SECRET"), std::string::npos) << closed.status().toString();
+  EXPECT_NE(closed.status().message().find("MERIDIAN_INSECURE=1"), std::string::npos);
+  EXPECT_FALSE(readJobSecret().isOk()) << "an unknown world size counts as several ranks";
+  // One rank: nobody else to keep out; each process its own random secret.
+  auto alone = readJobSecret(1);
+  ASSERT_TRUE(alone.isOk());
+  EXPECT_EQ(alone->size(), 64u);
+  EXPECT_NE(alone.value(), readJobSecret(1).value());
+  ::setenv("MERIDIAN_INSECURE", "1", 1);
+  auto open = readJobSecret(4);
+  ::unsetenv("MERIDIAN_INSECURE");
+  ASSERT_TRUE(open.isOk());
+  EXPECT_EQ(open.value(), "meridian-insecure-development-secret");
+  ::setenv("MERIDIAN_INSECURE", "yes", 1);
+  EXPECT_FALSE(readJobSecret(4).isOk()) << "MERIDIAN_INSECURE takes 0 or 1";
+  ::unsetenv("MERIDIAN_INSECURE");
 }
 
 TEST_F(SecretTest, MissingOrEmptySecretFileIsAConfigError) {
