@@ -13,6 +13,9 @@
     "The job secret every connection proves it holds (HMAC-SHA256 challenge-response).")           \
   X(kSecretFile, "MERIDIAN_SECRET_FILE", String, "",                                               \
     "A file holding the job secret, used when MERIDIAN_SECRET is not set.")                        \
+  X(kCheckpointSecret, "MERIDIAN_CHECKPOINT_SECRET", String, "",                                   \
+    "The secret meridian-train signs and verifies checkpoints with (HMAC-SHA256); empty: the job " \
+    "secret, else a well-known one (checkpoints then only checked for damage).")                   \
   X(kRank, "MERIDIAN_RANK", Int, "-1",                                                             \
     "This process's rank; falls back to OpenMPI, torchrun or Slurm variables.")                    \
   X(kWorldSize, "MERIDIAN_WORLD_SIZE", Int, "-1",                                                  \
