@@ -19,6 +19,9 @@
   CHOICE(kWireSecurity, "MERIDIAN_WIRE_SECURITY", "encrypt", "encrypt|authenticate|off",           \
     "Every frame after the handshake: encrypt (AES-256-GCM), authenticate (GMAC: readable but "     \
     "tamper-proof) or off (insecure: no integrity at all). Both ends must agree.")                  \
+  X(kCheckpointSecret, "MERIDIAN_CHECKPOINT_SECRET", String, "",                                   \
+    "The secret meridian-train signs and verifies checkpoints with (HMAC-SHA256); empty: the job " \
+    "secret, else the checkpoint directory's key file (checkpoint.key, 0600, made on first use).")  \
   X(kRank, "MERIDIAN_RANK", Int, "-1",                                                             \
     "This process's rank; falls back to OpenMPI, torchrun or Slurm variables.")                    \
   X(kWorldSize, "MERIDIAN_WORLD_SIZE", Int, "-1",                                                  \

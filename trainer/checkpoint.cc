@@ -1,5 +1,5 @@
 // Checkpoint files: atomic writes (temp file, fsync, rename, fsync dir), verified reads
-// (bounds before allocation, SHA-256 over the body) and the directory's bookkeeping.
+// (bounds before allocation, HMAC-SHA256 over the body) and the directory's bookkeeping.
 #include "trainer/checkpoint.h"
 
 #include <fcntl.h>
@@ -17,11 +17,13 @@
 #include <span>
 
 #include <fmt/ranges.h>
+#include <openssl/core_names.h>
 #include <openssl/evp.h>
+#include <openssl/params.h>
 
 #include "core/fd.h"
+#include "core/knobs.h"
 #include "core/log.h"
-#include "core/secret.h"
 #include "core/wire.h"
 
 namespace meridian::trainer {
@@ -31,7 +33,7 @@ namespace {
 constexpr char kMagic[8] = {'M', 'R', 'D', 'C', 'K', 'P', 'T', '1'};
 constexpr std::size_t kHeaderBytes = 8 + 4 + 8 + 4;       // magic, version, step, count
 constexpr std::size_t kSectionFixedBytes = 2 + 8;         // name length, data length
-constexpr std::size_t kDigestBytes = 32;                  // SHA-256
+constexpr std::size_t kDigestBytes = 32;                  // HMAC-SHA256
 constexpr std::string_view kPrefix = "ckpt-";
 constexpr std::string_view kSuffix = ".mrc";
 // Small pieces are gathered into one write; data at least this large goes straight out.
@@ -73,26 +75,35 @@ Result<std::optional<std::vector<std::uint64_t>>> listCheckpointSteps(const std:
   return std::optional<std::vector<std::uint64_t>>(std::move(steps));
 }
 
-struct MdCtxFree {
-  void operator()(EVP_MD_CTX* ctx) const { EVP_MD_CTX_free(ctx); }
+struct MacFree {
+  void operator()(EVP_MAC* mac) const { EVP_MAC_free(mac); }
+};
+struct MacCtxFree {
+  void operator()(EVP_MAC_CTX* ctx) const { EVP_MAC_CTX_free(ctx); }
 };
 
-// Writes a checkpoint file's bytes to fd, hashing them as they go; finish() appends the
-// digest. Errors name the file being written.
-class HashingWriter {
+// Writes a checkpoint file's bytes to fd, signing them as they go (HMAC-SHA256 under the
+// checkpoint key, OpenSSL's EVP_MAC: core/secret.h's hmacSha256 takes the whole message
+// at once); finish() appends the digest. Errors name the file being written.
+class SigningWriter {
  public:
-  HashingWriter(int fd, const std::string& path) : fd_(fd), path_(path), ctx_(EVP_MD_CTX_new()) {}
+  SigningWriter(int fd, const std::string& path) : fd_(fd), path_(path) {}
 
-  Status start() {
-    if (!ctx_ || EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr) != 1) {
-      return internalError("SHA-256 initialisation failed in OpenSSL");
+  Status start(const CheckpointKey& key) {
+    mac_.reset(EVP_MAC_fetch(nullptr, OSSL_MAC_NAME_HMAC, nullptr));
+    if (mac_) ctx_.reset(EVP_MAC_CTX_new(mac_.get()));
+    char digest[] = OSSL_DIGEST_NAME_SHA2_256;
+    const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+                                 OSSL_PARAM_construct_end()};
+    if (!ctx_ || EVP_MAC_init(ctx_.get(), key.data(), key.size(), params) != 1) {
+      return internalError("HMAC-SHA256 initialisation failed in OpenSSL");
     }
     return Status::ok();
   }
 
   Status put(const std::uint8_t* p, std::size_t n) {
     if (n == 0) return Status::ok();
-    if (EVP_DigestUpdate(ctx_.get(), p, n) != 1) return internalError("SHA-256 failed in OpenSSL");
+    if (EVP_MAC_update(ctx_.get(), p, n) != 1) return internalError("HMAC-SHA256 failed in OpenSSL");
     if (n < kDirectWriteBytes) {
       pending_.insert(pending_.end(), p, p + n);
       return pending_.size() >= kDirectWriteBytes ? flush() : Status::ok();
@@ -110,9 +121,9 @@ class HashingWriter {
 
   Status finish() {
     std::uint8_t digest[EVP_MAX_MD_SIZE];
-    unsigned int len = 0;
-    if (EVP_DigestFinal_ex(ctx_.get(), digest, &len) != 1 || len != kDigestBytes) {
-      return internalError("SHA-256 failed in OpenSSL");
+    std::size_t len = 0;
+    if (EVP_MAC_final(ctx_.get(), digest, &len, sizeof(digest)) != 1 || len != kDigestBytes) {
+      return internalError("HMAC-SHA256 failed in OpenSSL");
     }
     pending_.insert(pending_.end(), digest, digest + kDigestBytes);
     return flush();
@@ -140,7 +151,8 @@ class HashingWriter {
 
   int fd_;
   const std::string& path_;
-  std::unique_ptr<EVP_MD_CTX, MdCtxFree> ctx_;
+  std::unique_ptr<EVP_MAC, MacFree> mac_;
+  std::unique_ptr<EVP_MAC_CTX, MacCtxFree> ctx_;
   std::vector<std::uint8_t> pending_;
 };
 
@@ -210,9 +222,10 @@ Status checkSections(const std::vector<CheckpointSection>& sections) {
   return Status::ok();
 }
 
-// Deletes the checkpoints older than `step` beyond the newest `keep` (the one of `step`
-// counted). Failures are logged: the new checkpoint is already safe.
-void pruneCheckpoints(const std::string& dir, std::uint64_t step, int keep) {
+// Deletes the checkpoints older than `step` beyond the newest `keep` that verify (the one
+// of `step`, just written, counted): a file that does not verify takes no place among
+// them. Failures are logged: the new checkpoint is already safe.
+void pruneCheckpoints(const std::string& dir, const CheckpointKey& key, std::uint64_t step, int keep) {
   Result<std::optional<std::vector<std::uint64_t>>> listed = listCheckpointSteps(dir);
   if (!listed.isOk() || !listed.value()) {
     MLOG_WARN(kTrainer, "checkpoint: not pruning old checkpoints: {}", listed.status().message());
@@ -224,7 +237,13 @@ void pruneCheckpoints(const std::string& dir, std::uint64_t step, int keep) {
     if (s > step) {
       newer.push_back(s);
     } else if (kept < static_cast<std::size_t>(keep)) {
-      ++kept;
+      if (s == step) {
+        ++kept;
+      } else if (Result<Checkpoint> old = readCheckpoint(checkpointPath(dir, s), key); old.isOk()) {
+        ++kept;
+      } else {
+        MLOG_WARN(kTrainer, "checkpoint: not counting step {} among the {} kept: {}", s, keep, old.status().message());
+      }
     } else {
       const std::string path = checkpointPath(dir, s);
       if (::unlink(path.c_str()) != 0) {
@@ -263,6 +282,16 @@ Result<std::vector<std::uint8_t>> readWholeFile(const std::string& path) {
   return bytes;
 }
 
+// readCheckpoint, then the caller's check (a failure reads like any other defect).
+Result<Checkpoint> readAndCheck(const std::string& path, const CheckpointKey& key,
+                                       const CheckpointCheck& check) {
+  MERIDIAN_ASSIGN_OR_RETURN(Checkpoint ckpt, readCheckpoint(path, key));
+  if (check) {
+    if (Status st = check(ckpt); !st.isOk()) return corrupt(path, "{}", st.message());
+  }
+  return ckpt;
+}
+
 }  // namespace
 
 const CheckpointSection* Checkpoint::find(std::string_view name) const {
@@ -276,8 +305,66 @@ std::string checkpointPath(const std::string& dir, std::uint64_t step) {
   return fmt::format("{}/{}{:012d}{}", dir, kPrefix, step, kSuffix);
 }
 
-Status writeCheckpoint(const std::string& dir, std::uint64_t step, const std::vector<CheckpointSection>& sections,
-                       int keep) {
+CheckpointKey checkpointKey(std::string_view secret) {
+  static constexpr std::string_view kLabel = "meridian checkpoint key v2";
+  return hmacSha256({reinterpret_cast<const std::uint8_t*>(secret.data()), secret.size()},
+                    {reinterpret_cast<const std::uint8_t*>(kLabel.data()), kLabel.size()});
+}
+
+Result<std::string> checkpointKeyFile(const std::string& dir) {
+  if (dir.empty()) return invalidArgument("checkpoint key: no checkpoint directory");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return invalidArgument("cannot create checkpoint directory {}: {}", dir, ec.message());
+  const std::string path = dir + "/checkpoint.key";
+  auto readKey = [&]() -> Result<std::string> {
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    if (!fd.valid()) return invalidArgument("checkpoint key {}: {}", path, errnoText(errno));
+    struct stat st{};
+    if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
+      return invalidArgument("checkpoint key {}: not a regular file of this user with mode 0600; refusing it", path);
+    }
+    char buf[65] = {};
+    const ssize_t n = ::read(fd.get(), buf, 64);
+    if (n != 64) return invalidArgument("checkpoint key {}: {} bytes, expected 64 hex digits", path, n);
+    return std::string(buf, 64);
+  };
+  if (::access(path.c_str(), F_OK) == 0) return readKey();
+  // Made whole under a random name, then linked into place: link() fails if another rank
+  // got there first, and nobody ever reads a half-written key.
+  std::array<std::uint8_t, 32> raw{};
+  randomBytes(raw);
+  const std::string key = fmt::format("{:02x}", fmt::join(raw, ""));
+  std::array<std::uint8_t, 8> suffix{};
+  randomBytes(suffix);
+  const std::string tmp = fmt::format("{}/.checkpoint.key.{:02x}", dir, fmt::join(suffix, ""));
+  {
+    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!fd.valid()) return invalidArgument("checkpoint key {}: {}", tmp, errnoText(errno));
+    if (::write(fd.get(), key.data(), key.size()) != static_cast<ssize_t>(key.size()) || ::fsync(fd.get()) != 0) {
+      ::unlink(tmp.c_str());
+      return invalidArgument("checkpoint key {}: {}", tmp, errnoText(errno));
+    }
+  }
+  const int linked = ::link(tmp.c_str(), path.c_str());
+  const int linkErrno = errno;
+  ::unlink(tmp.c_str());
+  if (linked != 0 && linkErrno != EEXIST) return invalidArgument("checkpoint key {}: {}", path, errnoText(linkErrno));
+  return readKey();
+}
+
+Result<CheckpointSecret> checkpointSecretFromEnvironment(const std::string& dir) {
+  if (knobIsSet(knobs::kCheckpointSecret)) return CheckpointSecret{knobString(knobs::kCheckpointSecret)};
+  if (knobIsSet(knobs::kSecret) || knobIsSet(knobs::kSecretFile)) {
+    MERIDIAN_ASSIGN_OR_RETURN(std::string secret, readJobSecret());
+    return CheckpointSecret{std::move(secret)};
+  }
+  MERIDIAN_ASSIGN_OR_RETURN(std::string key, checkpointKeyFile(dir));
+  return CheckpointSecret{std::move(key)};
+}
+
+Status writeCheckpoint(const std::string& dir, const CheckpointKey& key, std::uint64_t step,
+                       const std::vector<CheckpointSection>& sections, int keep) {
   if (dir.empty()) return invalidArgument("checkpoint: the directory name is empty");
   if (keep < 1) return invalidArgument("checkpoint: keep is {}, expected at least 1", keep);
   MERIDIAN_RETURN_IF_ERROR(checkSections(sections));
@@ -288,8 +375,8 @@ Status writeCheckpoint(const std::string& dir, std::uint64_t step, const std::ve
   const std::string target = checkpointPath(dir, step);
   TempFile tmp;
   MERIDIAN_RETURN_IF_ERROR(tmp.create(dir, step));
-  HashingWriter out(tmp.fd(), tmp.path());
-  MERIDIAN_RETURN_IF_ERROR(out.start());
+  SigningWriter out(tmp.fd(), tmp.path());
+  MERIDIAN_RETURN_IF_ERROR(out.start(key));
   MERIDIAN_RETURN_IF_ERROR(out.put(reinterpret_cast<const std::uint8_t*>(kMagic), sizeof(kMagic)));
   MERIDIAN_RETURN_IF_ERROR(out.putInt(kCheckpointVersion));
   MERIDIAN_RETURN_IF_ERROR(out.putInt(step));
@@ -305,11 +392,11 @@ Status writeCheckpoint(const std::string& dir, std::uint64_t step, const std::ve
   MERIDIAN_RETURN_IF_ERROR(tmp.renameTo(target));
   MERIDIAN_RETURN_IF_ERROR(syncDirectory(dir));
   MLOG_DEBUG(kTrainer, "checkpoint: wrote {} ({} sections)", target, sections.size());
-  pruneCheckpoints(dir, step, keep);
+  pruneCheckpoints(dir, key, step, keep);
   return Status::ok();
 }
 
-Result<Checkpoint> readCheckpoint(const std::string& path) {
+Result<Checkpoint> readCheckpoint(const std::string& path, const CheckpointKey& key) {
   MERIDIAN_ASSIGN_OR_RETURN(std::vector<std::uint8_t> bytes, readWholeFile(path));
   const std::size_t size = bytes.size();
   const std::uint8_t* p = bytes.data();
@@ -320,7 +407,9 @@ Result<Checkpoint> readCheckpoint(const std::string& path) {
   if (std::memcmp(p, kMagic, sizeof(kMagic)) != 0) return corrupt(path, "bad magic, not a Meridian checkpoint");
   const auto version = wire::load<std::uint32_t>(p + 8);
   if (version != kCheckpointVersion) {
-    return corrupt(path, "format version {}, this build reads version {}", version, kCheckpointVersion);
+    return corrupt(path, "format version {}{}, this build reads version {}", version,
+                   version == 1 ? " (an unkeyed SHA-256 digest, which anyone can recompute: not trusted)" : "",
+                   kCheckpointVersion);
   }
   Checkpoint ckpt;
   ckpt.path = path;
@@ -362,14 +451,13 @@ Result<Checkpoint> readCheckpoint(const std::string& path) {
   if (size - at < kDigestBytes) return corrupt(path, "truncated: {} bytes of the 32-byte digest", size - at);
   if (size - at > kDigestBytes) return corrupt(path, "{} trailing bytes after the digest", size - at - kDigestBytes);
 
-  Hmac256 digest{};
-  unsigned int len = 0;
-  if (EVP_Digest(p, at, digest.data(), &len, EVP_sha256(), nullptr) != 1 || len != digest.size()) {
-    return internalError("SHA-256 failed in OpenSSL");
-  }
+  const Hmac256 digest = hmacSha256(key, {p, at});
   Hmac256 stored{};
   std::copy(p + at, p + size, stored.begin());
-  if (!equalDigests(digest, stored)) return corrupt(path, "SHA-256 digest mismatch");
+  if (!equalDigests(digest, stored)) {
+    return corrupt(path, "HMAC-SHA256 does not verify: damaged, or signed with another key (MERIDIAN_SECRET or "
+                   "MERIDIAN_CHECKPOINT_SECRET differ from the run that wrote it)");
+  }
 
   ckpt.sections.reserve(spans.size());
   for (const Span& s : spans) {
@@ -379,12 +467,13 @@ Result<Checkpoint> readCheckpoint(const std::string& path) {
   return ckpt;
 }
 
-Result<std::vector<std::uint64_t>> validCheckpointSteps(const std::string& dir) {
+Result<std::vector<std::uint64_t>> validCheckpointSteps(const std::string& dir, const CheckpointKey& key,
+                                                        const CheckpointCheck& check) {
   MERIDIAN_ASSIGN_OR_RETURN(std::optional<std::vector<std::uint64_t>> listed, listCheckpointSteps(dir));
   std::vector<std::uint64_t> valid;
   if (!listed) return valid;
   for (std::uint64_t step : *listed) {
-    Result<Checkpoint> ckpt = readCheckpoint(checkpointPath(dir, step));
+    Result<Checkpoint> ckpt = readAndCheck(checkpointPath(dir, step), key, check);
     if (ckpt.isOk()) {
       valid.push_back(step);
     } else {
@@ -394,14 +483,15 @@ Result<std::vector<std::uint64_t>> validCheckpointSteps(const std::string& dir) 
   return valid;
 }
 
-Result<Checkpoint> loadLatestCheckpoint(const std::string& dir, std::uint64_t maxStep) {
+Result<Checkpoint> loadLatestCheckpoint(const std::string& dir, const CheckpointKey& key, std::uint64_t maxStep,
+                                        const CheckpointCheck& check) {
   MERIDIAN_ASSIGN_OR_RETURN(std::optional<std::vector<std::uint64_t>> listed, listCheckpointSteps(dir));
   const std::string bound = maxStep == UINT64_MAX ? std::string() : fmt::format(" at or below step {}", maxStep);
   if (!listed) return invalidArgument("no valid checkpoint in {}{} (the directory does not exist)", dir, bound);
   std::vector<std::string> rejected;
   for (std::uint64_t step : *listed) {
     if (step > maxStep) continue;
-    Result<Checkpoint> ckpt = readCheckpoint(checkpointPath(dir, step));
+    Result<Checkpoint> ckpt = readAndCheck(checkpointPath(dir, step), key, check);
     if (ckpt.isOk()) {
       if (!rejected.empty()) MLOG_WARN(kTrainer, "checkpoint: resuming from the older {}", ckpt->path);
       return ckpt;

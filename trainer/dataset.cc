@@ -100,10 +100,21 @@ Status readHeader(gzFile f, const std::string& path, std::uint32_t magic, const 
   return Status::ok();
 }
 
-Status checkDims(const std::string& path, std::uint64_t count, std::int64_t rows, std::int64_t cols) {
+Status checkDims(const std::string& path, std::uint64_t count, std::int64_t rows, std::int64_t cols,
+                 const IdxLimits& limits = {}) {
   if (count > kIdxMaxCount) return invalidArgument("{}: {} examples, more than the limit of {}", path, count, kIdxMaxCount);
   if (rows < 1 || rows > kIdxMaxSide || cols < 1 || cols > kIdxMaxSide) {
     return invalidArgument("{}: images of {} x {}, outside 1..{} per side", path, rows, cols, kIdxMaxSide);
+  }
+  if ((limits.rows != 0 && rows != limits.rows) || (limits.cols != 0 && cols != limits.cols)) {
+    return invalidArgument("{}: images of {} x {}, expected {} x {}", path, rows, cols, limits.rows, limits.cols);
+  }
+  // Checked before a byte of pixels is inflated: a header may announce what it likes.
+  const std::uint64_t bytes = count * static_cast<std::uint64_t>(rows) * static_cast<std::uint64_t>(cols);
+  if (count > limits.maxCount || bytes > kIdxMaxPixelBytes) {
+    return invalidArgument("{}: the header announces {} images of {} x {} ({} bytes to inflate), more than the {} "
+                           "images (and {} bytes) expected; not inflating it",
+                           path, count, rows, cols, bytes, std::min(limits.maxCount, kIdxMaxCount), kIdxMaxPixelBytes);
   }
   return Status::ok();
 }
@@ -157,7 +168,8 @@ std::uint64_t boundedDraw(std::mt19937_64& gen, std::uint64_t bound) {
 
 }  // namespace
 
-Result<Dataset> loadIdx(const std::string& imagesPath, const std::string& labelsPath, int classes) {
+Result<Dataset> loadIdx(const std::string& imagesPath, const std::string& labelsPath, int classes,
+                        const IdxLimits& limits) {
   if (classes < 1 || classes > 256) return invalidArgument("loadIdx: {} classes, expected 1..256", classes);
   Dataset d;
   d.classes = classes;
@@ -165,7 +177,7 @@ Result<Dataset> loadIdx(const std::string& imagesPath, const std::string& labels
   MERIDIAN_ASSIGN_OR_RETURN(GzFile images, openForReading(imagesPath));
   std::array<std::uint32_t, 3> dims{};
   MERIDIAN_RETURN_IF_ERROR(readHeader(images.get(), imagesPath, kIdxImagesMagic, "image", dims));
-  MERIDIAN_RETURN_IF_ERROR(checkDims(imagesPath, dims[0], dims[1], dims[2]));
+  MERIDIAN_RETURN_IF_ERROR(checkDims(imagesPath, dims[0], dims[1], dims[2], limits));
   d.count = dims[0];
   d.rows = static_cast<int>(dims[1]);
   d.cols = static_cast<int>(dims[2]);
@@ -204,7 +216,9 @@ Result<Dataset> loadFashionMnist(const std::string& dir, bool train) {
                              train ? "train" : "test", path);
     }
   }
-  Result<Dataset> d = loadIdx(imagesPath, labelsPath, 10);
+  const IdxLimits limits{train ? kFashionMnistTrainCount : kFashionMnistTestCount, kFashionMnistSide,
+                         kFashionMnistSide};
+  Result<Dataset> d = loadIdx(imagesPath, labelsPath, 10, limits);
   if (!d.isOk()) return d.status().withContext("Fashion-MNIST");
   return d;
 }

@@ -1,6 +1,8 @@
 #include "trainer/train_cli.h"
 
 #include <charconv>
+#include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -16,10 +18,31 @@
 #include "core/local_launch.h"
 #include "core/log.h"
 #include "kernels/backend.h"
+#include "trainer/checkpoint.h"
 #include "trainer/trainer.h"
 
 namespace meridian::trainer {
 namespace {
+
+// --ranks N starts N processes on this host, each with its threads and a TCP connection to
+// every other rank (a full mesh: 256 ranks hold 65,280 sockets between them), which is
+// about where one host's descriptors and cores give out; more ranks belong on more hosts,
+// started by a launcher (mpirun, Slurm, torchrun, meridian-lab).
+constexpr int kMaxLocalRanks = 256;
+
+// A finite number between lo and hi, each end open or closed. CLI::Range lets NaN through
+// (every comparison with it is false) and cannot leave an end open.
+CLI::Validator finiteIn(double lo, bool loOpen, double hi, bool hiOpen) {
+  const std::string range = fmt::format("{}{}, {}{}", loOpen ? '(' : '[', lo, hi, hiOpen ? ')' : ']');
+  return CLI::Validator(
+      [=](const std::string& text) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(text, v)) return fmt::format("'{}' is not a number", text);
+        const bool inside = std::isfinite(v) && (loOpen ? v > lo : v >= lo) && (hiOpen ? v < hi : v <= hi);
+        return inside ? std::string() : fmt::format("{} is outside {}", text, range);
+      },
+      "in " + range);
+}
 
 struct Args {
   int ranks = 0;
@@ -174,7 +197,12 @@ int trainCli(int argc, char** argv, SyncComm* external, const RankHook& onJoined
   CLI::App app{external == nullptr ? "meridian-train: data-parallel Fashion-MNIST training over Meridian"
                                     : "the meridian-train loop with its sync over another library (comparisons)"};
   if (external == nullptr) {
-    app.add_option("--ranks,-N", a.ranks, "Start this many local ranks (else: one rank from the launcher's environment)");
+    app.add_option("--ranks,-N", a.ranks,
+                   fmt::format("Start this many local ranks, 1..{} (else: one rank from the launcher's environment; "
+                               "each local rank is a process meshed with every other, so more ranks belong on more "
+                               "hosts, started by a launcher)",
+                               kMaxLocalRanks))
+        ->check(CLI::Range(1, kMaxLocalRanks));
     app.add_option("--regions", a.regions,
                    "With --ranks: each rank's MERIDIAN_REGION, comma-separated (e.g. eu,eu,us,us)");
   }
@@ -183,28 +211,38 @@ int trainCli(int argc, char** argv, SyncComm* external, const RankHook& onJoined
   app.add_option("--model", a.model, "Layers, input to classes: dense widths (784-1024-1024-10), optionally conv blocks of N channels right after the input (784-c16-c32-128-10)");
   app.add_option("--activation", a.activation, "relu or gelu");
   app.add_option("--optimizer", a.optimizer, "Inner optimizer: adamw or sgd (diloco: always adamw)");
-  app.add_option("--lr", cfg.lr, "Inner learning rate");
-  app.add_option("--momentum", cfg.momentum, "SGD momentum");
-  app.add_option("--weight-decay", cfg.weightDecay, "SGD: L2; AdamW: decoupled weight decay");
-  app.add_option("--batch", cfg.globalBatch, "Global batch (split evenly over the ranks)");
-  app.add_option("--epochs", cfg.epochs, "Epochs over the training set");
-  app.add_option("--max-steps", cfg.maxSteps, "Stop after this many steps (0: run the epochs)");
-  app.add_option("--inner-steps,-H", cfg.innerSteps, "diloco/hybrid: local steps between outer syncs");
-  app.add_option("--outer-lr", cfg.outer.lr, "diloco/hybrid: outer Nesterov learning rate");
-  app.add_option("--outer-momentum", cfg.outer.momentum, "diloco/hybrid: outer Nesterov momentum");
+  app.add_option("--lr", cfg.lr, "Inner learning rate")->check(finiteIn(0, true, kMaxLr, false));
+  app.add_option("--momentum", cfg.momentum, "SGD momentum")->check(finiteIn(0, false, 1, true));
+  app.add_option("--weight-decay", cfg.weightDecay, "SGD: L2; AdamW: decoupled weight decay")
+      ->check(finiteIn(0, false, 1, false));
+  app.add_option("--batch", cfg.globalBatch, "Global batch (split evenly over the ranks)")
+      ->check(CLI::Range(1, kMaxGlobalBatch));
+  app.add_option("--epochs", cfg.epochs, "Epochs over the training set")->check(CLI::Range(1, kMaxEpochs));
+  app.add_option("--max-steps", cfg.maxSteps, "Stop after this many steps (0: run the epochs)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{INT64_MAX}));
+  app.add_option("--inner-steps,-H", cfg.innerSteps, "diloco/hybrid: local steps between outer syncs")
+      ->check(CLI::Range(1, kMaxInnerSteps));
+  app.add_option("--outer-lr", cfg.outer.lr, "diloco/hybrid: outer Nesterov learning rate")
+      ->check(finiteIn(0, true, kMaxLr, false));
+  app.add_option("--outer-momentum", cfg.outer.momentum, "diloco/hybrid: outer Nesterov momentum")
+      ->check(finiteIn(0, false, 1, true));
   app.add_option("--wire", a.wire, "Sync payload on the wire: f32, bf16 (all modes) or int8 (diloco)");
-  app.add_option("--bucket-mb", cfg.bucketMb, "ddp/hybrid: gradient bucket size in MiB");
+  app.add_option("--bucket-mb", cfg.bucketMb, "ddp/hybrid: gradient bucket size in MiB")
+      ->check(finiteIn(0, true, kMaxBucketMb, false));
   app.add_option("--seed", cfg.seed, "Seed of the initial weights and the data order");
   app.add_option("--data-dir", cfg.dataDir, "Fashion-MNIST IDX files (default: Debian's dataset-fashion-mnist)");
   app.add_option("--checkpoint-dir", cfg.checkpointDir, "Write checkpoints here (one folder per rank)");
-  app.add_option("--checkpoint-every", cfg.checkpointEvery, "Steps between checkpoints (0: at the end only)");
+  app.add_option("--checkpoint-every", cfg.checkpointEvery, "Steps between checkpoints (0: at the end only)")
+      ->check(CLI::Range(0, INT_MAX));
   app.add_flag("--resume", cfg.resume, "Continue from the newest checkpoint every rank holds");
   app.add_option("--log-every", cfg.logEvery, "Steps between progress lines")->check(CLI::PositiveNumber);
-  app.add_option("--eval-every", cfg.evalEvery, "Steps between test evaluations (0: every epoch)");
-  app.add_option("--target-accuracy", cfg.targetAccuracy, "Report the time to this test accuracy (0..1)");
+  app.add_option("--eval-every", cfg.evalEvery, "Steps between test evaluations (0: every epoch)")
+      ->check(CLI::Range(0, INT_MAX));
+  app.add_option("--target-accuracy", cfg.targetAccuracy, "Report the time to this test accuracy, in (0, 1]")
+      ->check(finiteIn(0, true, 1, false));
   app.add_flag("--stop-at-target", cfg.stopAtTarget, "Stop once an evaluation reached --target-accuracy");
   app.add_option("--json", a.jsonPath, "Write the summary as JSON here (rank 0)");
-  app.add_option("--blas-threads", a.blasThreads, "OpenBLAS threads per rank (cpu)");
+  app.add_option("--blas-threads", a.blasThreads, "OpenBLAS threads per rank (cpu)")->check(CLI::Range(1, 1024));
   app.add_option("--compute-nice", a.computeNice,
                  "Nice value of the compute thread, 0..19, so that communication goes first when cores are "
                  "short; auto: " + std::to_string(kAutoComputeNice) + " when this host runs more ranks than cores, else 0");
@@ -213,7 +251,12 @@ int trainCli(int argc, char** argv, SyncComm* external, const RankHook& onJoined
                  "--bind-to core; taskset/numactl the launcher to pick them), none leaves placement to the scheduler")
       ->check(CLI::IsMember({"cpus", "none"}));
   app.add_flag("--quiet", cfg.quiet, "No progress lines");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version exit 0; anything else is bad input, exit 2 as documented.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
 
   auto fail = [](const Status& st) {
     std::fprintf(stderr, "meridian-train: %s\n", st.message().c_str());
@@ -246,14 +289,27 @@ int trainCli(int argc, char** argv, SyncComm* external, const RankHook& onJoined
       lo.ranks = a.ranks;
       lo.argv = relaunchArgv(argc, argv, {"--ranks", "-N", "--regions", "--bind"});
       lo.bindCpus = a.bind == "cpus";
+      std::vector<std::string> regions;
       if (!a.regions.empty()) {
-        const std::vector<std::string> names = splitCommaList(a.regions);
-        if (names.size() != static_cast<std::size_t>(a.ranks))
-          return fail(invalidArgument("--regions names {} regions for {} ranks", names.size(), a.ranks));
-        lo.rankEnv = [names](int rank) {
-          return std::vector<std::pair<std::string, std::string>>{{"MERIDIAN_REGION", names[static_cast<std::size_t>(rank)]}};
-        };
+        regions = splitCommaList(a.regions);
+        if (regions.size() != static_cast<std::size_t>(a.ranks))
+          return fail(invalidArgument("--regions names {} regions for {} ranks", regions.size(), a.ranks));
       }
+      // Without a job secret the launcher invents one per launch: checkpoints must verify in
+      // the next launch too, so they are signed with the checkpoint directory's key file.
+      std::string checkpointSecret;
+      if (!knobIsSet(knobs::kSecret) && !knobIsSet(knobs::kSecretFile) && !knobIsSet(knobs::kCheckpointSecret) &&
+          !cfg.checkpointDir.empty()) {
+        auto key = checkpointKeyFile(cfg.checkpointDir);
+        if (!key.isOk()) return fail(key.status());
+        checkpointSecret = key.value();
+      }
+      lo.rankEnv = [regions, checkpointSecret](int rank) {
+        std::vector<std::pair<std::string, std::string>> env;
+        if (!regions.empty()) env.emplace_back("MERIDIAN_REGION", regions[static_cast<std::size_t>(rank)]);
+        if (!checkpointSecret.empty()) env.emplace_back("MERIDIAN_CHECKPOINT_SECRET", checkpointSecret);
+        return env;
+      };
       const Result<int> worst = launchLocalRanks(lo);
       if (!worst.isOk()) return fail(worst.status());
       return worst.value();

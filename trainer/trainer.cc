@@ -21,6 +21,7 @@
 #include "core/metrics.h"
 #include "trainer/checkpoint.h"
 #include "trainer/dataset.h"
+#include "trainer/integrity.h"
 
 namespace meridian::trainer {
 namespace {
@@ -182,9 +183,27 @@ class Run {
   // Seconds one rank alone takes for a step of the whole global batch (forward, backward,
   // optimizer; the best of three on a scratch model), the baseline of the speedup figure.
   double oneRankStepSec(const std::vector<std::uint32_t>& order);
+  // Loads both splits on every rank and checks that all ranks decoded the same bytes.
+  Status loadData();
+  // Fails every rank when weights (host copies of the float sections) are not finite on
+  // any rank, naming it: nothing is saved from them. A collective on the world.
+  Status checkFiniteEverywhere(std::int64_t step, const std::vector<CheckpointSection>& sections);
+  // What a checkpoint would hold now (host copies).
+  std::vector<CheckpointSection> checkpointSections(std::int64_t step);
   Status saveCheckpoint(std::int64_t step);
   Result<std::int64_t> resumeStep();
-  Status loadCheckpoint(std::int64_t step);
+  // Restores this rank's checkpoint of `step` (no collective); returns it.
+  Result<Checkpoint> loadCheckpoint(std::int64_t step);
+  // resumeStep, loadCheckpoint on every rank, then checkResumedAlike; returns the step.
+  Result<std::int64_t> resume();
+  // After a resume: the state that the sync mode keeps equal across ranks is equal.
+  Status checkResumedAlike(const Checkpoint& ck);
+  // Every rank learns whether any rank's `mine` failed, so that all stop together rather
+  // than leave the others in the next collective: this rank's own error, else one saying
+  // "rank(s) <list> <what>".
+  Status agreeOnFailure(const Status& mine, std::string_view what);
+  // The error of a run that diverged at `step`: `what` went bad (not finite).
+  Status diverged(std::int64_t step, const std::string& what) const;
   // This rank's transport bytes to every peer, and to peers in other regions.
   std::pair<std::uint64_t, std::uint64_t> transportBytes() const;
   bool innerOnly() const { return cfg_.sync == SyncMode::kDiloco || cfg_.sync == SyncMode::kNone; }
@@ -212,6 +231,8 @@ class Run {
   std::vector<int> regionOf_;  // per world rank; empty when unknown
   std::vector<float> hostInput_;
   std::vector<std::int32_t> hostLabels_;
+  CheckpointKey checkpointKey_{};
+  std::int64_t lastCheckpointStep_ = -1;  // the newest checkpoint written or resumed from
 };
 
 void Run::lowerComputePriority() {
@@ -359,7 +380,7 @@ double Run::oneRankStepSec(const std::vector<std::uint32_t>& order) {
 
 std::string rankDir(const std::string& base, int rank) { return fmt::format("{}/rank-{}", base, rank); }
 
-Status Run::saveCheckpoint(std::int64_t step) {
+std::vector<CheckpointSection> Run::checkpointSections(std::int64_t step) {
   const std::size_t n = model_->paramCount();
   nlohmann::json meta = identity(cfg_, rank_, world_);
   meta["step"] = step;
@@ -374,34 +395,86 @@ Status Run::saveCheckpoint(std::int64_t step) {
     sections.push_back({"outer.anchor", bytesOf(backend_, outerSync_->anchor(), n)});
     sections.push_back({"outer.velocity", bytesOf(backend_, outerSync_->velocity(), n)});
   }
-  return writeCheckpoint(rankDir(cfg_.checkpointDir, rank_), static_cast<std::uint64_t>(step), sections, 2);
+  return sections;
 }
 
-// The newest step every rank holds a valid checkpoint of (-1: none). Ranks agree by taking
-// the minimum of their newest steps until all of them hold it.
+Status Run::diverged(std::int64_t step, const std::string& what) const {
+  const std::string kept = lastCheckpointStep_ < 0 ? std::string()
+                                                   : fmt::format(" (the last good checkpoint: step {} in {})",
+                                                                 lastCheckpointStep_, cfg_.checkpointDir);
+  return invalidArgument("step {}: training diverged, {}: stopping without saving these weights{} (a smaller --lr?)",
+                         step, what, kept);
+}
+
+Status Run::agreeOnFailure(const Status& mine, std::string_view what) {
+  MERIDIAN_ASSIGN_OR_RETURN(const std::vector<int> failed, ranksThatFailed(sync_, !mine.isOk()));
+  if (!mine.isOk()) return mine;
+  if (!failed.empty()) return invalidArgument("rank(s) {} {}", fmt::join(failed, ", "), what);
+  return Status();
+}
+
+Status Run::checkFiniteEverywhere(std::int64_t step, const std::vector<CheckpointSection>& sections) {
+  const Status mine = checkFiniteSections(sections);
+  MERIDIAN_ASSIGN_OR_RETURN(const std::vector<int> bad, ranksThatFailed(sync_, !mine.isOk()));
+  if (bad.empty()) return Status();
+  return diverged(step, fmt::format("weights are not finite on rank(s) {}{}", fmt::join(bad, ", "),
+                                    mine.isOk() ? std::string() : fmt::format(" (here {})", mine.message())));
+}
+
+Status Run::saveCheckpoint(std::int64_t step) {
+  const std::vector<CheckpointSection> sections = checkpointSections(step);
+  // Also what keeps ranks within one checkpoint of each other (kCheckpointsKept).
+  MERIDIAN_RETURN_IF_ERROR(checkFiniteEverywhere(step, sections));
+  MERIDIAN_RETURN_IF_ERROR(writeCheckpoint(rankDir(cfg_.checkpointDir, rank_), checkpointKey_,
+                                           static_cast<std::uint64_t>(step), sections, kCheckpointsKept));
+  lastCheckpointStep_ = step;
+  return Status();
+}
+
+// The newest step every rank holds a valid checkpoint of (-1: no rank holds any). Ranks
+// gather the newest step each holds at or below a bound, try the smallest, and lower the
+// bound past it until every rank holds the step tried. Checkpoints that do not verify or
+// hold numbers that are not finite do not count.
 Result<std::int64_t> Run::resumeStep() {
-  MERIDIAN_ASSIGN_OR_RETURN(std::vector<std::uint64_t> steps, validCheckpointSteps(rankDir(cfg_.checkpointDir, rank_)));
-  std::int64_t bound = INT64_MAX;
-  for (int round = 0; round < 64; ++round) {
-    std::int64_t mine = -1;
+  MERIDIAN_ASSIGN_OR_RETURN(
+      std::vector<std::uint64_t> steps,
+      validCheckpointSteps(rankDir(cfg_.checkpointDir, rank_), checkpointKey_,
+                           [](const Checkpoint& ck) { return checkFiniteSections(ck.sections); }));
+  auto newestAtOrBelow = [&](std::int64_t bound) {
+    std::int64_t best = -1;
     for (std::uint64_t s : steps)
-      if (static_cast<std::int64_t>(s) <= bound) mine = std::max(mine, static_cast<std::int64_t>(s));
-    std::int64_t agreed = mine;
-    if (sync_ != nullptr)
-      MERIDIAN_RETURN_IF_ERROR(sync_->allreduce(&agreed, 1, kernels::DataType::kI64, kernels::ReduceOp::kMin));
-    if (agreed < 0) return std::int64_t{-1};
-    std::int64_t have = std::find(steps.begin(), steps.end(), static_cast<std::uint64_t>(agreed)) != steps.end() ? 1 : 0;
-    if (sync_ != nullptr)
-      MERIDIAN_RETURN_IF_ERROR(sync_->allreduce(&have, 1, kernels::DataType::kI64, kernels::ReduceOp::kMin));
-    if (have == 1) return agreed;
-    bound = agreed - 1;
+      if (static_cast<std::int64_t>(s) <= bound) best = std::max(best, static_cast<std::int64_t>(s));
+    return best;
+  };
+  MERIDIAN_ASSIGN_OR_RETURN(const std::vector<std::int64_t> newest, gatherFromEveryRank(sync_, newestAtOrBelow(INT64_MAX)));
+  const auto [lo, hi] = std::minmax_element(newest.begin(), newest.end());
+  if (*hi < 0) return std::int64_t{-1};
+  std::vector<std::int64_t> tried = newest;
+  for (;;) {  // the candidate falls every round, the same on every rank
+    const std::int64_t candidate = *std::min_element(tried.begin(), tried.end());
+    if (candidate < 0) break;
+    const bool have = std::find(steps.begin(), steps.end(), static_cast<std::uint64_t>(candidate)) != steps.end();
+    MERIDIAN_ASSIGN_OR_RETURN(const std::vector<int> missing, ranksThatFailed(sync_, !have));
+    if (missing.empty()) {
+      if (*lo != *hi)
+        log(fmt::format("resume: the ranks' newest valid checkpoints differ (steps {} by rank): every rank resumes "
+                        "from step {}, the newest all of them hold",
+                        fmt::join(newest, ", "), candidate));
+      return candidate;
+    }
+    MERIDIAN_ASSIGN_OR_RETURN(tried, gatherFromEveryRank(sync_, newestAtOrBelow(candidate - 1)));
   }
-  return invalidArgument("ranks could not agree on a checkpoint to resume from in {}", cfg_.checkpointDir);
+  return invalidArgument("resume: no checkpoint step is held by every rank in {} (the newest valid one by rank: {}; "
+                         "-1 none); starting over would discard them: restore the missing checkpoints, or start "
+                         "afresh with another --checkpoint-dir",
+                         cfg_.checkpointDir, fmt::join(newest, ", "));
 }
 
-Status Run::loadCheckpoint(std::int64_t step) {
+Result<Checkpoint> Run::loadCheckpoint(std::int64_t step) {
   MERIDIAN_ASSIGN_OR_RETURN(Checkpoint ck,
-                            loadLatestCheckpoint(rankDir(cfg_.checkpointDir, rank_), static_cast<std::uint64_t>(step)));
+                            loadLatestCheckpoint(rankDir(cfg_.checkpointDir, rank_), checkpointKey_,
+                                                 static_cast<std::uint64_t>(step),
+                                                 [](const Checkpoint& c) { return checkFiniteSections(c.sections); }));
   if (static_cast<std::int64_t>(ck.step) != step)
     return invalidArgument("{}: expected the checkpoint of step {}, found step {}", ck.path, step, ck.step);
   const CheckpointSection* metaSec = ck.find("meta");
@@ -425,7 +498,58 @@ Status Run::loadCheckpoint(std::int64_t step) {
     MERIDIAN_RETURN_IF_ERROR(restoreFloats(backend_, ck, "outer.velocity", outerSync_->velocity(), n));
   }
   opt_->setSteps(meta.value("optimizer_steps", std::int64_t{0}));
+  return ck;
+}
+
+Result<std::int64_t> Run::resume() {
+  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t from, resumeStep());
+  if (from < 0) return from;
+  Result<Checkpoint> ck = loadCheckpoint(from);
+  MERIDIAN_RETURN_IF_ERROR(
+      agreeOnFailure(ck.status(), fmt::format("could not load the checkpoint of step {}", from)));
+  MERIDIAN_RETURN_IF_ERROR(agreeOnFailure(checkResumedAlike(*ck), fmt::format("resumed different weights at step {}", from)));
+  lastCheckpointStep_ = from;
+  return from;
+}
+
+Status Run::checkResumedAlike(const Checkpoint& ck) {
+  auto compare = [&](SyncComm* comm, const char* section, const char* among) -> Status {
+    const CheckpointSection* s = ck.find(section);
+    const Sha256 digest = s != nullptr ? sha256({s->data}) : Sha256{};
+    const Status st = checkSameOnEveryRank(comm, digest, fmt::format("weights ('{}' {})", section, among));
+    if (st.isOk()) return st;
+    return invalidArgument("resume from step {}: {}; the checkpoints in {} are not one run's state: refusing to "
+                           "train from them",
+                           ck.step, st.message(), cfg_.checkpointDir);
+  };
+  switch (cfg_.sync) {
+    case SyncMode::kDdp: return compare(sync_, "params", "of every rank");
+    case SyncMode::kDiloco: return compare(sync_, "outer.anchor", "of every rank");
+    case SyncMode::kHybrid: {
+      if (regionSync_ == nullptr) return Status();
+      // Both comparisons on every rank, whatever the first found: each is a collective.
+      const Status inRegion = compare(regionSync_.get(), "params", "inside the region");
+      const Status across = compare(crossSync_.get(), "outer.anchor", "across regions");
+      return inRegion.isOk() ? across : inRegion;
+    }
+    case SyncMode::kNone: return Status();  // every rank has weights of its own
+  }
   return Status();
+}
+
+Status Run::loadData() {
+  const std::string dir = cfg_.dataDir.empty() ? kFashionMnistDir : cfg_.dataDir;
+  Status loaded;
+  if (Result<Dataset> d = loadFashionMnist(dir, true); d.isOk()) {
+    train_ = std::move(d).value();
+    if (Result<Dataset> t = loadFashionMnist(dir, false); t.isOk()) test_ = std::move(t).value();
+    else loaded = t.status();
+  } else {
+    loaded = d.status();
+  }
+  MERIDIAN_RETURN_IF_ERROR(agreeOnFailure(loaded, "could not load the data"));
+  const Sha256 trainDigest = datasetDigest(train_), testDigest = datasetDigest(test_);
+  return checkSameOnEveryRank(sync_, sha256({trainDigest, testDigest}), fmt::format("data (decoded from {})", dir));
 }
 
 std::pair<std::uint64_t, std::uint64_t> Run::transportBytes() const {
@@ -447,9 +571,7 @@ std::pair<std::uint64_t, std::uint64_t> Run::transportBytes() const {
 
 Result<TrainSummary> Run::go() {
   MERIDIAN_RETURN_IF_ERROR(checkConfig(cfg_, world_));
-  const std::string dir = cfg_.dataDir.empty() ? kFashionMnistDir : cfg_.dataDir;
-  MERIDIAN_ASSIGN_OR_RETURN(train_, loadFashionMnist(dir, true));
-  MERIDIAN_ASSIGN_OR_RETURN(test_, loadFashionMnist(dir, false));
+  MERIDIAN_RETURN_IF_ERROR(loadData());
   if (static_cast<std::size_t>(cfg_.model.widths.front()) != train_.features() ||
       cfg_.model.widths.back() != train_.classes)
     return invalidArgument("model {} does not fit the data: {} inputs and {} classes wanted",
@@ -470,13 +592,16 @@ Result<TrainSummary> Run::go() {
   Metrics metrics(rank_, cfg_.sync);
 
   std::int64_t step = 0;
+  if (!cfg_.checkpointDir.empty()) {
+    MERIDIAN_ASSIGN_OR_RETURN(const CheckpointSecret secret, checkpointSecretFromEnvironment(cfg_.checkpointDir));
+    checkpointKey_ = checkpointKey(secret.secret);
+  }
   if (cfg_.resume) {
     if (cfg_.checkpointDir.empty()) return invalidArgument("--resume needs --checkpoint-dir");
-    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t from, resumeStep());
+    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t from, resume());
     if (from < 0) {
       log(fmt::format("resume: no checkpoint in {}, starting from step 0", cfg_.checkpointDir));
     } else {
-      MERIDIAN_RETURN_IF_ERROR(loadCheckpoint(from));
       step = from;
       log(fmt::format("resume: continuing from the checkpoint of step {}", from));
     }
@@ -550,6 +675,10 @@ Result<TrainSummary> Run::go() {
       comm += secondsSince(ts);
       payload += outerSync_->payloadBytesPerSync();
     }
+    // The loss is on the host already: a free check every step. Weights that went bad show
+    // here by the next step at the latest; peers stop when this rank leaves their collective.
+    if (!std::isfinite(stats.lossSum))
+      return diverged(step, fmt::format("the training loss is {} on rank {}", stats.lossSum / b, rank_));
     sum.computeSec += compute;
     sum.exposedCommSec += comm;
     metrics.steps.add();
@@ -584,6 +713,9 @@ Result<TrainSummary> Run::go() {
     if (step % evalEvery == 0 && step != totalSteps) {
       double acc = 0, loss = 0;
       MERIDIAN_RETURN_IF_ERROR(evaluate(&acc, &loss));
+      // Summed over every rank: all of them stop here together. Finite weights can still
+      // be large enough to overflow the forward pass; they are no checkpoint to keep.
+      if (!std::isfinite(loss)) return diverged(step, fmt::format("the test loss is {}", loss));
       metrics.testAccuracy.set(acc);
       log(fmt::format("eval  step {} | test accuracy {:.2f}% | test loss {:.4f} | {:.1f} s", step, 100 * acc, loss,
                       secondsSince(start)));
@@ -604,10 +736,15 @@ Result<TrainSummary> Run::go() {
   sum.finalStep = step;
   sum.samplesPerSec = static_cast<double>(sum.steps) * cfg_.globalBatch / std::max(sum.wallSec, 1e-9);
   MERIDIAN_RETURN_IF_ERROR(evaluate(&sum.testAccuracy, &sum.testLoss));
+  if (!std::isfinite(sum.testLoss)) return diverged(step, fmt::format("the test loss is {}", sum.testLoss));
   metrics.testAccuracy.set(sum.testAccuracy);
   if (cfg_.targetAccuracy > 0 && sum.timeToTargetSec < 0 && sum.testAccuracy >= cfg_.targetAccuracy)
     sum.timeToTargetSec = sum.wallSec;
-  if (!cfg_.checkpointDir.empty() && sum.steps > 0) MERIDIAN_RETURN_IF_ERROR(saveCheckpoint(step));
+  if (!cfg_.checkpointDir.empty() && sum.steps > 0) {
+    MERIDIAN_RETURN_IF_ERROR(saveCheckpoint(step));
+  } else {
+    MERIDIAN_RETURN_IF_ERROR(checkFiniteEverywhere(step, {{"params", bytesOf(backend_, model_->params(), model_->paramCount())}}));
+  }
   std::tie(sum.bytesSent, sum.bytesCrossRegion) = transportBytes();
   sum.payloadBytes = payload;
   metrics.payloadBytes.add(payload);
@@ -651,14 +788,32 @@ Result<OptimizerKind> parseOptimizer(const std::string& text) {
 }
 
 Status checkConfig(const TrainConfig& cfg, int worldSize) {
-  if (cfg.globalBatch < 1 || cfg.globalBatch % worldSize != 0)
-    return invalidArgument("--batch {} must be a positive multiple of the {} ranks", cfg.globalBatch, worldSize);
-  if (cfg.innerSteps < 1) return invalidArgument("--inner-steps must be at least 1 (got {})", cfg.innerSteps);
-  if (cfg.epochs < 1 && cfg.maxSteps < 1) return invalidArgument("need --epochs >= 1 or --max-steps >= 1");
-  if (cfg.bucketMb <= 0) return invalidArgument("--bucket-mb must be positive (got {})", cfg.bucketMb);
+  if (cfg.globalBatch < 1 || cfg.globalBatch > kMaxGlobalBatch || cfg.globalBatch % worldSize != 0)
+    return invalidArgument("--batch {} must be a positive multiple of the {} ranks, at most {}", cfg.globalBatch,
+                           worldSize, kMaxGlobalBatch);
+  if (cfg.innerSteps < 1 || cfg.innerSteps > kMaxInnerSteps)
+    return invalidArgument("--inner-steps must be in 1..{} (got {})", kMaxInnerSteps, cfg.innerSteps);
+  if (cfg.epochs < 1 || cfg.epochs > kMaxEpochs) return invalidArgument("--epochs must be in 1..{} (got {})", kMaxEpochs, cfg.epochs);
+  if (cfg.maxSteps < 0) return invalidArgument("--max-steps must be 0 (run the epochs) or more (got {})", cfg.maxSteps);
+  if (!(cfg.bucketMb > 0 && cfg.bucketMb <= kMaxBucketMb))
+    return invalidArgument("--bucket-mb must be in (0, {}] (got {})", kMaxBucketMb, cfg.bucketMb);
   if ((cfg.sync == SyncMode::kDdp || cfg.sync == SyncMode::kHybrid) && cfg.wire == Wire::kInt8)
     return invalidArgument("--wire int8 is for the DiLoCo outer step; ddp and hybrid gradients take f32 or bf16");
-  if (!(cfg.lr > 0)) return invalidArgument("--lr must be positive (got {})", cfg.lr);
+  // Written so that NaN fails every test.
+  if (!(cfg.lr > 0 && cfg.lr <= kMaxLr)) return invalidArgument("--lr must be in (0, {}] (got {})", kMaxLr, cfg.lr);
+  if (!(cfg.outer.lr > 0 && cfg.outer.lr <= kMaxLr))
+    return invalidArgument("--outer-lr must be in (0, {}] (got {})", kMaxLr, cfg.outer.lr);
+  if (!(cfg.momentum >= 0 && cfg.momentum < 1)) return invalidArgument("--momentum must be in [0, 1) (got {})", cfg.momentum);
+  if (!(cfg.outer.momentum >= 0 && cfg.outer.momentum < 1))
+    return invalidArgument("--outer-momentum must be in [0, 1) (got {})", cfg.outer.momentum);
+  if (!(cfg.weightDecay >= 0 && cfg.weightDecay <= 1))
+    return invalidArgument("--weight-decay must be in [0, 1] (got {})", cfg.weightDecay);
+  if (!(cfg.targetAccuracy >= 0 && cfg.targetAccuracy <= 1))
+    return invalidArgument("--target-accuracy must be in (0, 1] (got {})", cfg.targetAccuracy);
+  if (cfg.checkpointEvery < 0 || cfg.evalEvery < 0 || cfg.logEvery < 1)
+    return invalidArgument("--checkpoint-every and --eval-every must be 0 or more and --log-every 1 or more (got {}, "
+                           "{}, {})",
+                           cfg.checkpointEvery, cfg.evalEvery, cfg.logEvery);
   if (cfg.computeNice < -1 || cfg.computeNice > 19)
     return invalidArgument("--compute-nice must be auto or 0..19 (got {})", cfg.computeNice);
   return Status();

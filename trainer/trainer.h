@@ -14,6 +14,14 @@
 //   hybrid  ddp inside each region every step, diloco across regions every H steps
 //           (regions from MERIDIAN_REGION, else inferred by the routing layer)
 //   none    every rank trains alone (a baseline)
+//
+// Integrity: ranks check that they loaded the same data (a SHA-256 of the decoded sets,
+// compared across ranks) and, after a resume, the same replicated weights. A training
+// loss that is not finite stops the run with an error; weights are checked before every
+// checkpoint (and at the end), so no checkpoint is ever written from NaN or infinite
+// weights and the last good one stays. Checkpoints are signed (HMAC-SHA256, see
+// checkpoint.h); one that does not verify, or holds numbers that are not finite, is
+// skipped when choosing where to resume.
 #pragma once
 
 #include <cstdint>
@@ -37,13 +45,25 @@ Result<SyncMode> parseSyncMode(const std::string& text);
 enum class OptimizerKind : std::uint8_t { kSgd, kAdamW };
 Result<OptimizerKind> parseOptimizer(const std::string& text);
 
+// The ranges checkConfig enforces (meridian-train's options say the same at parsing).
+inline constexpr float kMaxLr = 1000.0f;           // --lr and --outer-lr: finite, in (0, kMaxLr]
+inline constexpr int kMaxGlobalBatch = 1 << 20;    // --batch: 1..kMaxGlobalBatch (and at most the data)
+inline constexpr int kMaxEpochs = 1'000'000;       // --epochs: 1..kMaxEpochs
+inline constexpr int kMaxInnerSteps = 1'000'000;   // -H: 1..kMaxInnerSteps
+inline constexpr double kMaxBucketMb = 1024;       // --bucket-mb: (0, kMaxBucketMb]
+// Checkpoints each rank keeps. Ranks agree that every one of them finished the previous
+// checkpoint before any writes the next (the finite check before a write is a collective),
+// so the rank furthest behind is at most one checkpoint behind the others: keeping two
+// always leaves a step that every rank holds to resume from.
+inline constexpr int kCheckpointsKept = 2;
+
 struct TrainConfig {
   ModelConfig model;
   SyncMode sync = SyncMode::kDdp;
   OptimizerKind optimizer = OptimizerKind::kAdamW;  // the inner optimizer (DiLoCo: always AdamW)
   float lr = 1e-3f;
-  float momentum = 0.9f;      // SGD
-  float weightDecay = 0.0f;   // SGD: L2; AdamW: decoupled
+  float momentum = 0.9f;      // SGD; [0, 1)
+  float weightDecay = 0.0f;   // SGD: L2; AdamW: decoupled; [0, 1]
   int globalBatch = 256;      // divided evenly over the ranks
   int epochs = 3;
   std::int64_t maxSteps = 0;  // > 0: stop after this many steps (before the epochs end)
@@ -58,7 +78,7 @@ struct TrainConfig {
   bool resume = false;
   int logEvery = 50;          // steps between progress lines (rank 0)
   int evalEvery = 0;          // steps between test-set evaluations; 0: at each epoch's end
-  double targetAccuracy = 0;  // > 0: report the time the test accuracy first reached it
+  double targetAccuracy = 0;  // in (0, 1]: report the time the test accuracy first reached it; 0: none
   bool stopAtTarget = false;  // and stop there (every rank sees the same accuracy)
   bool quiet = false;         // no progress lines
   // Nice value for the thread that computes (0..19), set once the communicator's threads
@@ -112,7 +132,8 @@ struct TrainContext {
 Status checkConfig(const TrainConfig& config, int worldSize);
 
 // Runs the whole training; errors (bad data, a broken communicator, a checkpoint that does
-// not match the configuration) come back as a Status.
+// not match the configuration, ranks that disagree on data or weights, a loss or weights
+// that are not finite: kInvalidArgument, fix the input) come back as a Status.
 Result<TrainSummary> train(const TrainConfig& config, const TrainContext& ctx);
 
 }  // namespace meridian::trainer

@@ -2,6 +2,10 @@
 // Fashion-MNIST from Debian's dataset-fashion-mnist package.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <zlib.h>
+
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -101,6 +105,9 @@ TEST_F(DatasetTest, InsaneDimensionsAreRefused) {
   expectRefused(dir_ + "/i", labels_, "outside 1..4096");
   writePlain(dir_ + "/i", {0x803, 20'000'000, kRows, kCols}, sampleImages());
   expectRefused(dir_ + "/i", labels_, "more than the limit");
+  writePlain(dir_ + "/i", {0x803, 10'000'000, 4096, 4096}, sampleImages());
+  expectRefused(dir_ + "/i", labels_, "(167772160000000 bytes to inflate), more than the 10000000 images (and "
+                                      "1073741824 bytes) expected; not inflating it");
   EXPECT_FALSE(writeIdxImages(dir_ + "/w", 1, 0, 1, sampleImages().data()).isOk());
 }
 
@@ -112,8 +119,9 @@ TEST_F(DatasetTest, TruncatedFileIsRefused) {
   writePlain(dir_ + "/i", {0x803, kCount}, {});  // header cut short
   expectRefused(dir_ + "/i", labels_, "truncated");
   // A header announcing far more than the file holds fails without allocating it.
-  writePlain(dir_ + "/i", {0x803, 10'000'000, 4096, 4096}, pixels);
+  writePlain(dir_ + "/i", {0x803, 60, 4096, 4096}, pixels);
   expectRefused(dir_ + "/i", labels_, "holds 7 labels but");
+  writePlain(dir_ + "/i", {0x803, 10'000'000, 1, 1}, pixels);
   writePlain(dir_ + "/l", {0x801, 10'000'000}, sampleLabels());
   expectRefused(dir_ + "/i", dir_ + "/l", "truncated");
 }
@@ -148,6 +156,73 @@ TEST_F(DatasetTest, LabelOutOfRangeIsRefused) {
   EXPECT_TRUE(loadIdx(images_, labels_, 11).isOk());
   expectRefused(images_, labels_, "label 9 of example 1 is not below the 5 classes", 5);
   expectRefused(images_, labels_, "257 classes, expected 1..256", 257);
+}
+
+// One gzip member holding `bytes`: gzread reads members one after another, so a bomb is a
+// header member followed by copies of one small member of zeros.
+std::vector<char> gzipMember(const std::string& dir, const std::vector<std::uint8_t>& bytes) {
+  const std::string path = dir + "/member.gz";
+  gzFile f = gzopen(path.c_str(), "wb9");
+  EXPECT_NE(f, nullptr);
+  EXPECT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
+  EXPECT_EQ(gzclose(f), Z_OK);
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void writeBomb(const std::string& dir, const std::string& path, const std::vector<std::uint32_t>& words, int zeroMiB) {
+  std::vector<std::uint8_t> header;
+  for (std::uint32_t w : words)
+    for (int shift = 24; shift >= 0; shift -= 8) header.push_back(static_cast<std::uint8_t>(w >> shift));
+  const std::vector<char> head = gzipMember(dir, header);
+  const std::vector<char> zeros = gzipMember(dir, std::vector<std::uint8_t>(1 << 20));
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(head.data(), static_cast<std::streamsize>(head.size()));
+  for (int i = 0; i < zeroMiB; ++i) out.write(zeros.data(), static_cast<std::streamsize>(zeros.size()));
+  ASSERT_TRUE(out.good());
+}
+
+long peakRssKib() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss;
+}
+
+// Issue 26: a 2 MB gzip that expanded to 2 GB took 2.1 GB and 18 s before a check failed.
+// Now the header is held to what the data set can be before anything is inflated, and
+// inflating stops one byte past what the header announced.
+TEST_F(DatasetTest, AGzipBombIsRefusedQuicklyWithinBoundedMemory) {
+  const auto start = std::chrono::steady_clock::now();
+  const long rssBefore = peakRssKib();
+  // A header announcing 2,000,000 images (1.57 GB) over 1.5 GiB of zeros, in a 2 MB file,
+  // with as many labels: consistent, so only the size can refuse it.
+  writeBomb(dir_, dir_ + "/train-images-idx3-ubyte.gz", {0x803, 2'000'000, 28, 28}, 1536);
+  ASSERT_LT(fs::file_size(dir_ + "/train-images-idx3-ubyte.gz"), 4u << 20);
+  writeBomb(dir_, dir_ + "/train-labels-idx1-ubyte.gz", {0x801, 2'000'000}, 2);
+  Result<Dataset> d = loadFashionMnist(dir_, true);
+  ASSERT_FALSE(d.isOk());
+  EXPECT_NE(d.status().message().find("the header announces 2000000 images of 28 x 28 (1568000000 bytes to inflate), "
+                                      "more than the 60000 images"),
+            std::string::npos)
+      << d.status().message();
+  // Without Fashion-MNIST's sizes the general bound (1 GiB of pixels) still refuses it.
+  expectRefused(dir_ + "/train-images-idx3-ubyte.gz", labels_, "not inflating it");
+
+  // An honest header (1000 images) with the same zeros after it: reading stops one byte
+  // past the 784,000 announced.
+  writeBomb(dir_, dir_ + "/small-header.gz", {0x803, 1000, 28, 28}, 512);
+  std::vector<std::uint8_t> labels(1000, 1);
+  ASSERT_TRUE(writeIdxLabels(dir_ + "/l.gz", labels.size(), labels.data()).isOk());
+  expectRefused(dir_ + "/small-header.gz", dir_ + "/l.gz", "trailing bytes after the 784000 bytes");
+  // Fashion-MNIST's own shape is required too.
+  ASSERT_TRUE(writeIdxImages(dir_ + "/train-images-idx3-ubyte.gz", kCount, kRows, kCols, sampleImages().data()).isOk());
+  d = loadFashionMnist(dir_, true);
+  ASSERT_FALSE(d.isOk());
+  EXPECT_NE(d.status().message().find("images of 3 x 4, expected 28 x 28"), std::string::npos) << d.status().message();
+
+  EXPECT_LT(peakRssKib() - rssBefore, 64 * 1024) << "KiB of peak memory grew while refusing the bombs";
+  // Generous: the refusals take milliseconds; inflating the bombs took seconds.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 
 TEST_F(DatasetTest, MissingFileIsRefused) {

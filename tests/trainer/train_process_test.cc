@@ -12,12 +12,15 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "tests/common/lab_session.h"
 #include "tests/common/poll.h"
 #include "tests/trainer/synthetic.h"
 #include "trainer/checkpoint.h"
+#include "trainer/integrity.h"
+#include "trainer/trainer.h"
 
 namespace meridian::trainer {
 namespace {
@@ -42,9 +45,16 @@ class TrainProcessTest : public ::testing::Test {
     return std::string(MERIDIAN_TRAIN_BIN) + " --data-dir " + dir_ + "/data --quiet " + args;
   }
 
+  // The key meridian-train --ranks signs checkpoints with in this environment.
+  static CheckpointKey key() {
+    Result<CheckpointSecret> secret = checkpointSecretFromEnvironment();
+    EXPECT_TRUE(secret.isOk()) << secret.status().toString();
+    return checkpointKey(secret.isOk() ? secret->secret : std::string());
+  }
+
   // The final parameters a run left in its newest checkpoint of rank `rank`.
   std::vector<std::uint8_t> finalParams(const std::string& ckptDir, int rank = 0) const {
-    auto ck = loadLatestCheckpoint(ckptDir + "/rank-" + std::to_string(rank));
+    auto ck = loadLatestCheckpoint(ckptDir + "/rank-" + std::to_string(rank), key());
     if (!ck.isOk()) {
       ADD_FAILURE() << ck.status().toString();
       return {};
@@ -76,7 +86,7 @@ TEST_F(TrainProcessTest, KilledHalfWayAndResumedEndsOnTheUninterruptedWeights) {
   bool killed = false;
   pollUntil(
       [&] {
-        auto steps = validCheckpointSteps(ckpt + "/rank-1");
+        auto steps = validCheckpointSteps(ckpt + "/rank-1", key());
         if (steps.isOk() && !steps->empty() && steps->front() >= 30) {
           ::kill(-pid, SIGKILL);
           killed = true;
@@ -88,7 +98,7 @@ TEST_F(TrainProcessTest, KilledHalfWayAndResumedEndsOnTheUninterruptedWeights) {
       std::chrono::seconds(120), std::chrono::milliseconds(5));
   if (killed) ::waitpid(pid, nullptr, 0);
   ASSERT_TRUE(killed) << "the run ended before it could be killed";
-  auto newest = validCheckpointSteps(ckpt + "/rank-0");
+  auto newest = validCheckpointSteps(ckpt + "/rank-0", key());
   ASSERT_TRUE(newest.isOk());
   ASSERT_FALSE(newest->empty());
   ASSERT_LT(newest->front(), 120u) << "killed after the end";
@@ -169,15 +179,53 @@ TEST_F(TrainProcessTest, BadInputGetsAClearError) {
       {"--ranks 2 --batch 63 --max-steps 1", "multiple of the 2 ranks"},
       {"--ranks 2 --sync hybrid --max-steps 1", "MERIDIAN_REGION"},
       {"--ranks 2 --bind sometimes", "--bind: sometimes not in {cpus,none}"},
+      // Issue 26: these started processes without limit, ran one process quietly, or were
+      // taken as they came.
+      {"--ranks 100000", "--ranks: Value 100000 not in range 1 to 256"},
+      {"--ranks 0", "--ranks: Value 0 not in range 1 to 256"},
+      {"--ranks -2", "--ranks: Value -2 not in range 1 to 256"},
+      {"--target-accuracy 5", "--target-accuracy: 5 is outside (0, 1]"},
+      {"--max-steps -5", "--max-steps: Value -5 not in range 0"},
+      {"--lr 1e300", "--lr: 1e300 is outside (0, 1000]"},
+      {"--lr nan", "--lr: nan is outside (0, 1000]"},
+      {"--lr 0", "--lr: 0 is outside (0, 1000]"},
+      {"--momentum 1", "--momentum: 1 is outside [0, 1)"},
+      {"--outer-momentum -0.1", "--outer-momentum: -0.1 is outside [0, 1)"},
+      {"--epochs 0", "--epochs: Value 0 not in range 1 to 1000000"},
+      {"--batch 0", "--batch: Value 0 not in range 1 to 1048576"},
+      {"--inner-steps 0", "--inner-steps: Value 0 not in range 1 to 1000000"},
+      {"--bucket-mb inf", "--bucket-mb: inf is outside (0, 1024]"},
+      {"--eval-every -1", "--eval-every: Value -1 not in range 0"},
+      {"--lr abc", "--lr: 'abc' is not a number"},
   };
   for (const auto& c : cases) {
     auto r = runShell(train(c.args));
-    EXPECT_NE(r.code, 0) << c.args;
+    EXPECT_EQ(r.code, 2) << c.args;
     EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.args << "\n" << r.output;
   }
   auto missing = runShell(std::string(MERIDIAN_TRAIN_BIN) + " --data-dir /nonexistent --max-steps 1");
   EXPECT_EQ(missing.code, 2);
   EXPECT_NE(missing.output.find("apt-get install dataset-fashion-mnist"), std::string::npos) << missing.output;
+}
+
+// Issue 26: --lr 1e300 gave a NaN loss and exit 0. A run that diverges now exits non-zero on
+// every rank, and each rank's newest checkpoint is a finite one from before.
+TEST_F(TrainProcessTest, ADivergingRunExitsNonZeroAndKeepsItsLastGoodCheckpoints) {
+  const std::string ckpt = dir_ + "/diverged";
+  auto r = runShell(train(fmt::format("--ranks 2 --model 784-32-10 --batch 64 --optimizer sgd --lr {} "
+                                      "--max-steps 60 --checkpoint-every 2 --checkpoint-dir {}",
+                                      kMaxLr, ckpt)));
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("training diverged"), std::string::npos) << r.output;
+  for (int rank : {0, 1}) {
+    const std::string dir = ckpt + "/rank-" + std::to_string(rank);
+    auto all = validCheckpointSteps(dir, key());
+    ASSERT_TRUE(all.isOk());
+    ASSERT_FALSE(all->empty()) << "rank " << rank << "\n" << r.output;
+    EXPECT_LT(all->front(), 60u);
+    auto finite = validCheckpointSteps(dir, key(), [](const Checkpoint& c) { return checkFiniteSections(c.sections); });
+    EXPECT_EQ(finite.value(), all.value()) << "rank " << rank << " kept a checkpoint that is not finite";
+  }
 }
 
 }  // namespace

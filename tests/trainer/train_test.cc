@@ -14,8 +14,11 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -24,7 +27,9 @@
 #include "kernels/backend.h"
 #include "tests/common/rank_harness.h"
 #include "tests/trainer/synthetic.h"
+#include "trainer/checkpoint.h"
 #include "trainer/dataset.h"
+#include "trainer/integrity.h"
 
 namespace meridian::trainer {
 namespace {
@@ -79,6 +84,11 @@ class TrainTest : public ::testing::Test {
 
   // n ranks as threads; every rank's summary, or the failures.
   static std::vector<TrainSummary> trainRanks(int n, const TrainConfig& cfg, std::string* failure) {
+    return trainRanksWith(n, [&](int) { return cfg; }, failure);
+  }
+  // The same with a configuration per rank.
+  static std::vector<TrainSummary> trainRanksWith(int n, const std::function<TrainConfig(int)>& configOf,
+                                                  std::string* failure) {
     std::vector<TrainSummary> out(static_cast<std::size_t>(n));
     auto harness = testing::RankHarness::start(n);
     if (!harness.isOk()) {
@@ -90,6 +100,7 @@ class TrainTest : public ::testing::Test {
       TrainContext ctx;
       ctx.backend = backend.get();
       ctx.comm = &comm;
+      const TrainConfig cfg = configOf(rank);
       auto r = train(cfg, ctx);
       if (!r.isOk()) return r.status().toString();
       out[static_cast<std::size_t>(rank)] = std::move(r).value();
@@ -97,6 +108,45 @@ class TrainTest : public ::testing::Test {
     });
     *failure = testing::RankHarness::summarize(results);
     return out;
+  }
+
+  // n ranks trained to stopAt (checkpoints in cfg.checkpointDir), then `between` (which may
+  // edit the checkpoints), then resumed to cfg.maxSteps: the resumed ranks' summaries.
+  static std::vector<TrainSummary> stopAndResume(int n, TrainConfig cfg, std::int64_t stopAt,
+                                                 const std::function<void()>& between, std::string* failure) {
+    const std::int64_t end = cfg.maxSteps;
+    cfg.maxSteps = stopAt;
+    trainRanks(n, cfg, failure);
+    if (!failure->empty()) return {};
+    if (between) between();
+    cfg.maxSteps = end;
+    cfg.resume = true;
+    return trainRanks(n, cfg, failure);
+  }
+
+  // The key this process signs checkpoints with (what train() uses).
+  static CheckpointKey key() {
+    Result<CheckpointSecret> secret = checkpointSecretFromEnvironment();
+    EXPECT_TRUE(secret.isOk()) << secret.status().toString();
+    return checkpointKey(secret.isOk() ? secret->secret : std::string());
+  }
+
+  // Rewrites rank `rank`'s checkpoint of `step`, correctly signed, with `edit` applied to
+  // its parameters (as floats): what someone holding the key, or a bug, could write.
+  static void editParams(const std::string& ckptDir, int rank, std::uint64_t step,
+                         const std::function<void(std::vector<float>&)>& edit) {
+    const std::string dir = ckptDir + "/rank-" + std::to_string(rank);
+    Result<Checkpoint> ck = readCheckpoint(checkpointPath(dir, step), key());
+    ASSERT_TRUE(ck.isOk()) << ck.status().toString();
+    std::vector<CheckpointSection> sections = ck->sections;
+    for (CheckpointSection& sec : sections) {
+      if (sec.name != "params") continue;
+      std::vector<float> params(sec.data.size() / sizeof(float));
+      std::memcpy(params.data(), sec.data.data(), sec.data.size());
+      edit(params);
+      std::memcpy(sec.data.data(), params.data(), sec.data.size());
+    }
+    ASSERT_TRUE(writeCheckpoint(dir, key(), step, sections, 100).isOk());
   }
 
   static std::string* dataDir_;
@@ -238,15 +288,132 @@ TEST_F(TrainTest, DdpResumeOnTwoRanksIsBitExact) {
   auto straight = trainRanks(2, cfg, &failure);
   ASSERT_EQ(failure, "");
   cfg.checkpointDir = scratchDir("ddp2");
-  cfg.maxSteps = 12;
-  trainRanks(2, cfg, &failure);
-  ASSERT_EQ(failure, "");
-  cfg.maxSteps = 24;
-  cfg.resume = true;
-  auto resumed = trainRanks(2, cfg, &failure);
+  auto resumed = stopAndResume(2, cfg, 12, nullptr, &failure);
   ASSERT_EQ(failure, "");
   EXPECT_EQ(resumed[0].steps, 12);
   EXPECT_EQ(resumed[0].params, straight[0].params);
+}
+
+// Issue 26: a checkpoint with NaN weights (its digest recomputed) resumed and trained to
+// 10% accuracy. Now a checkpoint must verify under the key and hold finite numbers; the
+// resume falls back to the last good one and lands on the uninterrupted run's weights.
+TEST_F(TrainTest, ACheckpointWithNanWeightsIsRefusedEvenWhenItsDigestVerifies) {
+  TrainConfig cfg = smallConfig();
+  cfg.maxSteps = 15;
+  auto straight = trainAlone(cfg);
+  ASSERT_TRUE(straight.isOk()) << straight.status().toString();
+
+  cfg.checkpointDir = scratchDir("nan-ckpt");
+  cfg.checkpointEvery = 5;
+  cfg.maxSteps = 10;
+  ASSERT_TRUE(trainAlone(cfg).isOk());
+  editParams(cfg.checkpointDir, 0, 10, [](std::vector<float>& p) { p[3] = std::numeric_limits<float>::quiet_NaN(); });
+  EXPECT_EQ(validCheckpointSteps(cfg.checkpointDir + "/rank-0", key()).value(), (std::vector<std::uint64_t>{10, 5}))
+      << "the edited checkpoint verifies: only the finite check refuses it";
+
+  cfg.maxSteps = 15;
+  cfg.resume = true;
+  auto resumed = trainAlone(cfg);
+  ASSERT_TRUE(resumed.isOk()) << resumed.status().toString();
+  EXPECT_EQ(resumed->steps, 10) << "resumed from step 5, past the NaN checkpoint of step 10";
+  EXPECT_EQ(resumed->params, straight->params);
+
+  // A checkpoint signed under another key is no checkpoint: with only such, the run starts over.
+  const std::string foreign = scratchDir("foreign-ckpt");
+  ASSERT_TRUE(writeCheckpoint(foreign + "/rank-0", checkpointKey("another job"), 5, {{"meta", {'{', '}'}}}).isOk());
+  cfg.checkpointDir = foreign;
+  resumed = trainAlone(cfg);
+  ASSERT_TRUE(resumed.isOk()) << resumed.status().toString();
+  EXPECT_EQ(resumed->steps, 15);
+}
+
+// Issue 26: --lr 1e300 gave a NaN loss and exit 0, and the NaN checkpoints rotated the good
+// ones away. Now the run stops with an error and the newest checkpoint is a finite one.
+TEST_F(TrainTest, DivergenceStopsTheRunAndKeepsTheLastGoodCheckpoint) {
+  TrainConfig cfg = smallConfig();
+  cfg.lr = kMaxLr;  // SGD at the largest learning rate accepted: diverges within 60 steps
+  cfg.maxSteps = 60;
+  cfg.checkpointDir = scratchDir("diverged");
+  cfg.checkpointEvery = 2;
+  auto r = trainAlone(cfg);
+  ASSERT_FALSE(r.isOk()) << "trained 60 steps at lr " << cfg.lr << " without diverging";
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  const std::string& msg = r.status().message();
+  EXPECT_NE(msg.find("training diverged"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("stopping without saving these weights"), std::string::npos) << msg;
+
+  const std::string dir = cfg.checkpointDir + "/rank-0";
+  Result<std::vector<std::uint64_t>> all = validCheckpointSteps(dir, key());
+  ASSERT_TRUE(all.isOk());
+  ASSERT_FALSE(all->empty()) << msg;
+  EXPECT_EQ(validCheckpointSteps(dir, key(), [](const Checkpoint& c) { return checkFiniteSections(c.sections); }).value(),
+            *all)
+      << "every checkpoint left holds finite weights";
+  EXPECT_NE(msg.find(fmt::format("the last good checkpoint: step {} in {}", all->front(), cfg.checkpointDir)),
+            std::string::npos)
+      << msg;
+  EXPECT_LT(all->front(), 60u);
+}
+
+// Issue 26: ranks whose newest valid checkpoints differed restarted from step 0 saying
+// "no checkpoint". Now they resume from the newest step all of them hold.
+TEST_F(TrainTest, RanksWithDifferentNewestCheckpointsResumeFromTheOneAllHold) {
+  TrainConfig cfg = smallConfig();
+  cfg.maxSteps = 20;
+  std::string failure;
+  auto straight = trainRanks(2, cfg, &failure);
+  ASSERT_EQ(failure, "");
+
+  cfg.checkpointDir = scratchDir("uneven");
+  cfg.checkpointEvery = 5;
+  // Rank 1 holds step 10, rank 0 steps 15 and 10.
+  auto resumed = stopAndResume(
+      2, cfg, 15, [&] { fs::remove(checkpointPath(cfg.checkpointDir + "/rank-1", 15)); }, &failure);
+  ASSERT_EQ(failure, "");
+  EXPECT_EQ(resumed[0].steps, 10);
+  EXPECT_EQ(resumed[1].steps, 10);
+  EXPECT_EQ(resumed[0].params, straight[0].params);
+
+  // No step that both hold: a clear error on every rank, not a silent start from step 0.
+  const std::string apart = scratchDir("apart");
+  fs::create_directories(apart);
+  fs::copy(cfg.checkpointDir, apart, fs::copy_options::recursive);
+  for (const auto& e : fs::directory_iterator(apart + "/rank-1")) fs::remove(e.path());
+  cfg.checkpointDir = apart;
+  cfg.resume = true;
+  trainRanks(2, cfg, &failure);
+  EXPECT_NE(failure.find("no checkpoint step is held by every rank"), std::string::npos) << failure;
+  EXPECT_NE(failure.find("(the newest valid one by rank: 20, -1"), std::string::npos) << failure;
+}
+
+TEST_F(TrainTest, RanksThatResumeDifferentWeightsAreRefused) {
+  TrainConfig cfg = smallConfig();
+  cfg.maxSteps = 20;
+  cfg.checkpointDir = scratchDir("split-brain");
+  std::string failure;
+  stopAndResume(
+      2, cfg, 10, [&] { editParams(cfg.checkpointDir, 1, 10, [](std::vector<float>& p) { p[0] += 1e-3f; }); },
+      &failure);
+  EXPECT_NE(failure.find("ranks hold different weights ('params' of every rank): rank(s) 1 differ from rank 0"),
+            std::string::npos)
+      << failure;
+}
+
+TEST_F(TrainTest, RanksThatLoadedDifferentDataAreRefused) {
+  const std::string other = scratchDir("other-data");
+  fs::create_directories(other);
+  ASSERT_TRUE(testing::writeSyntheticSplit(other, "train", 1024, 99).isOk());
+  ASSERT_TRUE(testing::writeSyntheticSplit(other, "t10k", 256, 8).isOk());
+  std::string failure;
+  trainRanksWith(
+      2,
+      [&](int rank) {
+        TrainConfig cfg = smallConfig();
+        if (rank == 1) cfg.dataDir = other;
+        return cfg;
+      },
+      &failure);
+  EXPECT_NE(failure.find("ranks hold different data"), std::string::npos) << failure;
 }
 
 TEST_F(TrainTest, ACheckpointOfAnotherRunIsRefused) {
@@ -317,6 +484,26 @@ TEST_F(TrainTest, BadConfigurationsAreRefusedClearly) {
   r = trainAlone(cfg);
   ASSERT_FALSE(r.isOk());
   EXPECT_NE(r.status().message().find("--resume needs --checkpoint-dir"), std::string::npos);
+
+  // Issue 26: nonsense numbers were accepted. Each is refused naming its option.
+  const std::vector<std::pair<std::function<void(TrainConfig&)>, std::string>> ranges = {
+      {[](TrainConfig& c) { c.lr = std::numeric_limits<float>::quiet_NaN(); }, "--lr must be in (0, 1000]"},
+      {[](TrainConfig& c) { c.lr = std::numeric_limits<float>::infinity(); }, "--lr must be in (0, 1000]"},
+      {[](TrainConfig& c) { c.outer.lr = 0; }, "--outer-lr must be in (0, 1000]"},
+      {[](TrainConfig& c) { c.momentum = 1; }, "--momentum must be in [0, 1)"},
+      {[](TrainConfig& c) { c.targetAccuracy = 5; }, "--target-accuracy must be in (0, 1]"},
+      {[](TrainConfig& c) { c.maxSteps = -5; }, "--max-steps must be 0"},
+      {[](TrainConfig& c) { c.epochs = 0; }, "--epochs must be in 1..1000000"},
+      {[](TrainConfig& c) { c.bucketMb = std::numeric_limits<double>::quiet_NaN(); }, "--bucket-mb must be in"},
+      {[](TrainConfig& c) { c.checkpointEvery = -1; }, "--checkpoint-every"},
+  };
+  for (const auto& [set, fragment] : ranges) {
+    cfg = smallConfig();
+    set(cfg);
+    r = trainAlone(cfg);
+    ASSERT_FALSE(r.isOk()) << fragment;
+    EXPECT_NE(r.status().message().find(fragment), std::string::npos) << r.status().message();
+  }
 
   cfg = smallConfig();
   cfg.computeNice = 20;
