@@ -116,8 +116,8 @@ Result<LaunchInfo> readMeridianKnobs() {
   }
   LaunchInfo info;
   info.launcher = kMeridianVars.launcher;
-  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t rank, readKnobInt(knobs::kRank, INT_MIN, INT_MAX));
-  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t worldSize, readKnobInt(knobs::kWorldSize, INT_MIN, INT_MAX));
+  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t rank, readKnobInt(knobs::kRank));
+  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t worldSize, readKnobInt(knobs::kWorldSize));
   info.rank = static_cast<int>(rank);
   info.worldSize = static_cast<int>(worldSize);
   if (info.worldSize == 1) {

@@ -114,7 +114,7 @@ std::uint64_t timeoutMsUntil(TimePoint deadline) {
 }
 
 Result<std::chrono::milliseconds> ioTimeoutFromKnob() {
-  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t ms, readKnobInt(knobs::kTimeoutMs, 1, INT32_MAX));
+  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t ms, readKnobInt(knobs::kTimeoutMs));
   return std::chrono::milliseconds(ms);
 }
 

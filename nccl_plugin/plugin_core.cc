@@ -420,7 +420,7 @@ Status Core::init() {
   }
   MERIDIAN_ASSIGN_OR_RETURN(const std::string mode, readKnobChoice(knobs::kNcclDevices));
   MERIDIAN_ASSIGN_OR_RETURN(const std::string routingMode, readKnobChoice(knobs::kRouting));
-  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t timeoutMs, readKnobInt(knobs::kTimeoutMs, 1, INT_MAX));
+  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t timeoutMs, readKnobInt(knobs::kTimeoutMs));
   connectTimeout_ = std::chrono::milliseconds(timeoutMs);
   std::vector<std::vector<std::string>> groups;
   if (mode == "virtual") {
