@@ -103,9 +103,11 @@
   STRING(kPlanes, "MERIDIAN_PLANES", "",                                                            \
     "Names of the planes of MERIDIAN_PATHS, comma-separated in the same order (e.g. "               \
     "wan-a,wan-b); they label per-path metrics (meridian-lab sets them).")                          \
-  STRING(kPrometheusSdDir, "MERIDIAN_PROMETHEUS_SD_DIR", "/tmp/meridian-prometheus-sd",             \
+  STRING(kPrometheusSdDir, "MERIDIAN_PROMETHEUS_SD_DIR", "",                                        \
     "Directory of the Prometheus file-based service discovery files that meridian-lab and the "     \
-    "--ranks launchers keep current with every rank's metrics endpoint.")
+    "--ranks launchers keep current with every rank's metrics endpoint; unset: prometheus-sd in "   \
+    "this user's private directory ($XDG_RUNTIME_DIR/meridian, /run/user/UID/meridian, else "       \
+    "/tmp/meridian-UID, mode 0700). Refused unless owned by this user and writable by nobody else.")
 
 #include <cstdint>  // the ranges above
 
