@@ -27,6 +27,9 @@
     "How many ranks run on this host (with MERIDIAN_RANK).")                                        \
   STRING(kStore, "MERIDIAN_STORE", "",                                                              \
     "host:port of the bootstrap store hosted by rank 0; falls back to MASTER_ADDR/MASTER_PORT.")    \
+  INT(kStoreFd, "MERIDIAN_STORE_FD", "-1", -1, INT32_MAX,                                           \
+    "Set by the --ranks launchers for rank 0 only: an inherited socket already listening on "       \
+    "MERIDIAN_STORE's port, which rank 0's store adopts instead of binding the port again.")        \
   STRING(kPaths, "MERIDIAN_PATHS", "",                                                              \
     "Comma-separated local IPv4 addresses, one per network path; empty means the address that "     \
     "reaches the store.")                                                                           \

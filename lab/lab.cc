@@ -473,20 +473,24 @@ Result<int> execAll(const LabState& lab, const std::vector<std::string>& argv) {
   o.ranks = static_cast<int>(t.nodes.size());
   o.argv = argv;
   o.separateHosts = true;
+  UniqueFd storeListener;  // rank 0 inherits it (MERIDIAN_STORE_FD): the port is the job's from here on
   if (const char* store = std::getenv("MERIDIAN_STORE")) {
     o.store = store;
   } else {
-    // A port free in the first node right now, so that two jobs in one lab do not meet.
+    // A port of the first node's, so that two jobs in one lab do not meet, kept listening
+    // until rank 0's store serves on the very socket.
     int port = 29400;
     if (auto fd = socketIn(lab.namespaceOf(0), AF_INET, SOCK_STREAM); fd.isOk()) {
       sockaddr_in a = ipv4Address(t.address(0, 0), 0);
       socklen_t len = sizeof(a);
-      if (::bind(fd->get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      if (::bind(fd->get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 && ::listen(fd->get(), SOMAXCONN) == 0 &&
           ::getsockname(fd->get(), reinterpret_cast<sockaddr*>(&a), &len) == 0) {
         port = ntohs(a.sin_port);
+        storeListener = std::move(fd).value();
       }
     }
     o.store = fmt::format("{}:{}", t.address(0, 0), port);
+    o.storeListenFd = storeListener.get();
   }
   o.rankEnv = [&lab](int rank) { return nodeEnvironment(lab, rank); };
   o.childSetup = [&lab](int rank) {
