@@ -16,10 +16,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
+
+#include "core/file_util.h"
 
 namespace {
 
@@ -50,8 +53,12 @@ int main(int argc, char** argv) {
   ncclUniqueId id;
   if (rank == 0) {
     if (!ok(ncclGetUniqueId(&id), "ncclGetUniqueId")) return 1;
-    std::ofstream(idFile + ".tmp", std::ios::binary).write(id.internal, sizeof(id.internal));
-    std::filesystem::rename(idFile + ".tmp", idFile);
+    const meridian::Status written =
+        meridian::writeFileAtomically(idFile, std::string_view(id.internal, sizeof(id.internal)));
+    if (!written.isOk()) {
+      std::fprintf(stderr, "nccl-allreduce-check: %s\n", written.message().c_str());
+      return 1;
+    }
   } else {
     for (int i = 0; i < 600 && !std::filesystem::exists(idFile); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     std::ifstream f(idFile, std::ios::binary);

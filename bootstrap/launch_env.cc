@@ -116,8 +116,8 @@ Result<LaunchInfo> readMeridianKnobs() {
   }
   LaunchInfo info;
   info.launcher = kMeridianVars.launcher;
-  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t rank, readKnobInt(knobs::kRank, INT_MIN, INT_MAX));
-  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t worldSize, readKnobInt(knobs::kWorldSize, INT_MIN, INT_MAX));
+  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t rank, readKnobInt(knobs::kRank));
+  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t worldSize, readKnobInt(knobs::kWorldSize));
   info.rank = static_cast<int>(rank);
   info.worldSize = static_cast<int>(worldSize);
   if (info.worldSize == 1) {
@@ -252,7 +252,21 @@ Result<std::unique_ptr<Store>> rendezvous(const LaunchInfo& info, const std::str
     if (serverOut == nullptr) return invalidArgument("rendezvous: rank 0 hosts the store and needs serverOut");
     in_addr literal{};
     const bool isIp = ::inet_pton(AF_INET, where.host.c_str(), &literal) == 1;
-    auto server = StoreServer::start(isIp ? where.host : "0.0.0.0", where.port, secret);
+    Result<std::unique_ptr<StoreServer>> server = internalError("no store server");
+    if (knobIsSet(knobs::kStoreFd)) {
+      // The launcher kept the port bound for us (local_launch.h): serve on its socket.
+      MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t fd, readKnobInt(knobs::kStoreFd, 0, INT_MAX));
+      // Taken once: a later rendezvous in this process, or a process it starts, must not
+      // take whatever reuses the number for the store's socket.
+      ::unsetenv(knobs::kStoreFd.name);
+      server = StoreServer::adopt(static_cast<int>(fd), where.port, secret);
+      if (!server) {
+        return server.status().withContext(
+            fmt::format("rank 0 cannot host the store at {} on {}={}", info.storeAddress, knobs::kStoreFd.name, fd));
+      }
+    } else {
+      server = StoreServer::start(isIp ? where.host : "0.0.0.0", where.port, secret);
+    }
     if (!server) {
       return server.status().withContext(fmt::format(
           "rank 0 cannot host the store at {} (is the port taken, e.g. by another job or by torch's own store "

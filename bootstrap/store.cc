@@ -2,11 +2,13 @@
 #include "bootstrap/store.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <array>
@@ -114,7 +116,7 @@ std::uint64_t timeoutMsUntil(TimePoint deadline) {
 }
 
 Result<std::chrono::milliseconds> ioTimeoutFromKnob() {
-  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t ms, readKnobInt(knobs::kTimeoutMs, 1, INT32_MAX));
+  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t ms, readKnobInt(knobs::kTimeoutMs));
   return std::chrono::milliseconds(ms);
 }
 
@@ -448,17 +450,58 @@ void storeThread(const char* what, Body&& body) {
   }
 }
 
+// Why `fd` cannot be a store's listening socket on `expectedPort` (0: any), or "" when it can.
+std::string whyNotAListeningTcpSocket(int fd, std::uint16_t expectedPort) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return fmt::format("descriptor {} is not open: {}", fd, errnoText(errno));
+  if (!S_ISSOCK(st.st_mode)) return fmt::format("descriptor {} is not a socket", fd);
+  auto option = [fd](int name) {
+    int value = -1;
+    socklen_t len = sizeof value;
+    return ::getsockopt(fd, SOL_SOCKET, name, &value, &len) == 0 ? value : -1;
+  };
+  if (option(SO_DOMAIN) != AF_INET || option(SO_TYPE) != SOCK_STREAM || option(SO_PROTOCOL) != IPPROTO_TCP) {
+    return fmt::format("descriptor {} is not an IPv4 TCP socket", fd);
+  }
+  if (option(SO_ACCEPTCONN) != 1) return fmt::format("descriptor {} is a TCP socket that is not listening", fd);
+  sockaddr_in addr{};
+  socklen_t len = sizeof addr;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    return fmt::format("descriptor {}: getsockname: {}", fd, errnoText(errno));
+  }
+  if (expectedPort != 0 && ntohs(addr.sin_port) != expectedPort) {
+    return fmt::format("descriptor {} listens on port {}, not the store's {}", fd, ntohs(addr.sin_port), expectedPort);
+  }
+  return {};
+}
+
 }  // namespace
 
 Result<std::unique_ptr<StoreServer>> StoreServer::start(const std::string& bindIp, std::uint16_t port,
                                                         std::string secret) {
-  MERIDIAN_ASSIGN_OR_RETURN(const std::chrono::milliseconds ioTimeout, ioTimeoutFromKnob());
-  MERIDIAN_ASSIGN_OR_RETURN(const WireSecurity mode, wireSecurityFromKnob());
   auto listenFd = tcp::listenOn(bindIp, port, /*nonBlocking=*/true);
   if (!listenFd) return listenFd.status().withContext("store server");
+  return serve(std::move(listenFd).value(), std::move(secret));
+}
+
+Result<std::unique_ptr<StoreServer>> StoreServer::adopt(int listeningFd, std::uint16_t expectedPort, std::string secret) {
+  if (std::string why = whyNotAListeningTcpSocket(listeningFd, expectedPort); !why.empty()) {
+    return invalidArgument("store server: cannot adopt an inherited socket: {}", why);
+  }
+  UniqueFd fd(listeningFd);
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags | O_NONBLOCK) != 0 || ::fcntl(fd.get(), F_SETFD, FD_CLOEXEC) != 0) {
+    return internalError("store server: cannot set up the inherited socket: {}", errnoText(errno));
+  }
+  return serve(std::move(fd), std::move(secret));
+}
+
+Result<std::unique_ptr<StoreServer>> StoreServer::serve(UniqueFd listenFd, std::string secret) {
+  MERIDIAN_ASSIGN_OR_RETURN(const std::chrono::milliseconds ioTimeout, ioTimeoutFromKnob());
+  MERIDIAN_ASSIGN_OR_RETURN(const WireSecurity mode, wireSecurityFromKnob());
   UniqueFd wakeFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wakeFd.valid()) return internalError("store server: eventfd: {}", std::strerror(errno));
-  auto server = std::make_unique<StoreServer>(PrivateTag{}, std::move(listenFd).value(), std::move(wakeFd),
+  auto server = std::make_unique<StoreServer>(PrivateTag{}, std::move(listenFd), std::move(wakeFd),
                                               std::move(secret), ioTimeout);
   server->mode_ = mode;
   try {

@@ -150,6 +150,12 @@ class StoreServer {
   // port 0: the kernel picks one (see port()).
   static Result<std::unique_ptr<StoreServer>> start(const std::string& bindIp, std::uint16_t port,
                                                     std::string secret);
+  // Serves on `listeningFd`, a socket already listening: inherited from a launcher that kept
+  // the port bound from its choice to here (MERIDIAN_STORE_FD), so nobody else could take it.
+  // The server owns the descriptor (made non-blocking and close-on-exec) once it is found to
+  // be a listening IPv4 TCP socket bound to `expectedPort` (0: any); otherwise it is left
+  // alone and the result is kInvalidArgument saying what it is instead.
+  static Result<std::unique_ptr<StoreServer>> adopt(int listeningFd, std::uint16_t expectedPort, std::string secret);
   StoreServer(PrivateTag, UniqueFd listenFd, UniqueFd wakeFd, std::string secret, std::chrono::milliseconds ioTimeout);
   ~StoreServer();
   StoreServer(const StoreServer&) = delete;
@@ -167,6 +173,8 @@ class StoreServer {
     std::atomic<bool> answering{false};  // from a request read to its reply sent
   };
 
+  // Starts the accept thread on a listening, non-blocking socket.
+  static Result<std::unique_ptr<StoreServer>> serve(UniqueFd listenFd, std::string secret);
   void acceptLoop();
   void serveClient(Client& client);
   void reapFinishedClients();

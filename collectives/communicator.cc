@@ -132,15 +132,15 @@ Result<std::unique_ptr<Communicator>> Communicator::create(bootstrap::Store& sto
   if (opts.localAddresses.empty()) opts.localAddresses = splitCommaList(knobString(knobs::kPaths));
   if (opts.localAddresses.empty()) opts.localAddresses = {"127.0.0.1"};
   if (opts.timeout.count() <= 0) {
-    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t ms, readKnobInt(knobs::kTimeoutMs, 1, INT32_MAX));
+    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t ms, readKnobInt(knobs::kTimeoutMs));
     opts.timeout = std::chrono::milliseconds(ms);
   }
   if (opts.smallMessageBytes == 0) {
-    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t bytes, readKnobInt(knobs::kSmallAllreduceBytes, 0, std::int64_t{1} << 40));
+    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t bytes, readKnobInt(knobs::kSmallAllreduceBytes));
     opts.smallMessageBytes = static_cast<std::size_t>(bytes);
   }
   if (opts.ringSegmentBytes == 0) {
-    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t bytes, readKnobInt(knobs::kRingSegmentBytes, 1, std::int64_t{1} << 34));
+    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t bytes, readKnobInt(knobs::kRingSegmentBytes));
     opts.ringSegmentBytes = static_cast<std::size_t>(bytes);
   }
   if (opts.secret.empty()) {
@@ -236,7 +236,7 @@ Result<std::unique_ptr<Communicator>> Communicator::createFromEnvironment(const 
   log::setRank(info.rank);
   CommOptions opts = options;
   if (opts.timeout.count() <= 0) {
-    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t ms, readKnobInt(knobs::kTimeoutMs, 1, INT32_MAX));
+    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t ms, readKnobInt(knobs::kTimeoutMs));
     opts.timeout = std::chrono::milliseconds(ms);
   }
   if (opts.localAddresses.empty()) opts.localAddresses = bootstrap::localPathAddresses(info);
@@ -311,7 +311,7 @@ Status Communicator::startRouting(bootstrap::Store& store, const std::string& ba
     po.localAddresses = bootstrap::withoutPorts(opts.localAddresses);  // a port there is the data port
     po.interval = opts.probeInterval;
     if (po.interval.count() <= 0) {
-      MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t ms, readKnobInt(knobs::kProbeIntervalMs, 1, 60'000));
+      MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t ms, readKnobInt(knobs::kProbeIntervalMs));
       po.interval = std::chrono::milliseconds(ms);
     }
     po.secret = opts.secret;  // resolved in create()
@@ -362,13 +362,13 @@ Status Communicator::startRouting(bootstrap::Store& store, const std::string& ba
     planSync_ = std::make_unique<PlanSync>(rank_, size_, channels_,
                                            opts.planCheckpointOps > 0 ? opts.planCheckpointOps : 1024);
     RoutingControlOptions rc;
-    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t rowMs, readKnobInt(knobs::kLinkStateIntervalMs, 10, 3'600'000));
-    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t replanMs, readKnobInt(knobs::kReplanIntervalMs, 0, 86'400'000));
+    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t rowMs, readKnobInt(knobs::kLinkStateIntervalMs));
+    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t replanMs, readKnobInt(knobs::kReplanIntervalMs));
     rc.linkStateInterval = std::chrono::milliseconds(rowMs);
     rc.replanInterval = std::chrono::milliseconds(replanMs);
     rc.chaosInterval = opts.chaosReplan;
     if (rc.chaosInterval.count() < 0) {
-      MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t chaosMs, readKnobInt(knobs::kChaosReplanMs, 0, 86'400'000));
+      MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t chaosMs, readKnobInt(knobs::kChaosReplanMs));
       rc.chaosInterval = std::chrono::milliseconds(chaosMs);
     }
     rc.adaptive = adaptive_;

@@ -5,6 +5,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <limits>
+#include <string_view>
+#include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -12,11 +14,40 @@
 namespace meridian {
 
 namespace {
-#define MERIDIAN_KNOB_ENTRY(id, name, type, def, doc) knobs::id,
+#define MERIDIAN_STRING_KNOB_ENTRY(id, name, def, doc) knobs::id,
+#define MERIDIAN_INT_KNOB_ENTRY(id, name, def, min, max, doc) knobs::id,
 #define MERIDIAN_CHOICE_KNOB_ENTRY(id, name, def, choices, doc) knobs::id,
-constexpr KnobInfo kAllKnobs[] = {MERIDIAN_KNOBS(MERIDIAN_KNOB_ENTRY, MERIDIAN_CHOICE_KNOB_ENTRY)};
+constexpr KnobInfo kAllKnobs[] = {MERIDIAN_KNOBS(MERIDIAN_STRING_KNOB_ENTRY, MERIDIAN_INT_KNOB_ENTRY,
+                                                 MERIDIAN_INT_KNOB_ENTRY, MERIDIAN_CHOICE_KNOB_ENTRY)};
 #undef MERIDIAN_CHOICE_KNOB_ENTRY
-#undef MERIDIAN_KNOB_ENTRY
+#undef MERIDIAN_INT_KNOB_ENTRY
+#undef MERIDIAN_STRING_KNOB_ENTRY
+
+// What an int knob may be: [lo, hi], and 0 besides when zero.
+struct IntRange {
+  std::int64_t lo;
+  std::int64_t hi;
+  bool zero;
+  bool allows(std::int64_t v) const { return (v >= lo && v <= hi) || (zero && v == 0); }
+};
+
+// Byte counts read best with the suffixes parseByteSize takes: 65536 -> "64k".
+std::string rangeBound(const KnobInfo& knob, std::int64_t v) {
+  const bool bytes = std::string_view(knob.name).ends_with("_BYTES");
+  if (bytes && v > 0) {
+    for (const auto& [shift, suffix] : {std::pair{30, 'g'}, std::pair{20, 'm'}, std::pair{10, 'k'}}) {
+      if (v % (std::int64_t{1} << shift) == 0 && v != std::numeric_limits<std::int64_t>::max()) {
+        return fmt::format("{}{}", v >> shift, suffix);
+      }
+    }
+  }
+  return std::to_string(v);
+}
+
+std::string rangeText(const KnobInfo& knob, const IntRange& r) {
+  const std::string interval = fmt::format("in [{}, {}]", rangeBound(knob, r.lo), rangeBound(knob, r.hi));
+  return r.zero && !(r.lo <= 0 && r.hi >= 0) ? "0 or " + interval : interval;
+}
 
 template <typename T>
 T valueOrThrow(Result<T> r) {
@@ -69,10 +100,17 @@ std::int64_t parseByteSize(const std::string& text, const std::string& what) {
   return valueOrThrow(readByteSize(text, what));
 }
 
+std::string knobRangeText(const KnobInfo& knob) {
+  return rangeText(knob, IntRange{knob.minValue, knob.maxValue, knob.zeroAllowed});
+}
+
 Result<std::int64_t> readKnobInt(const KnobInfo& knob, std::int64_t min, std::int64_t max) {
   const std::string text = knobString(knob);
   MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t v, readByteSize(text, knob.name));
-  if (v < min || v > max) return invalidArgument("{}='{}': not in [{}, {}]", knob.name, text, min, max);
+  // The declared range, narrowed to the caller's.
+  const IntRange range{std::max(min, knob.minValue), std::min(max, knob.maxValue),
+                       knob.zeroAllowed && min <= 0 && max >= 0};
+  if (!range.allows(v)) return invalidArgument("{}='{}': not {}", knob.name, text, rangeText(knob, range));
   return v;
 }
 
@@ -110,7 +148,7 @@ std::string knobChoice(const KnobInfo& knob, std::string_view given) {
 
 std::string knobTypeName(const KnobInfo& k) {
   switch (k.type) {
-    case KnobType::kInt: return "int";
+    case KnobType::kInt: return (k.zeroAllowed ? "int, " : "int ") + knobRangeText(k);
     case KnobType::kString: return "string";
     case KnobType::kChoice: {
       std::string out = "one of";

@@ -31,18 +31,27 @@ struct KnobInfo {
   const char* defaultValue;
   const char* choices;  // kChoice: the allowed values, '|'-separated; otherwise ""
   const char* doc;
+  // kInt: the allowed range [minValue, maxValue], and 0 besides when zeroAllowed.
+  std::int64_t minValue = 0;
+  std::int64_t maxValue = 0;
+  bool zeroAllowed = false;
 };
 
 namespace knobs {
-#define MERIDIAN_KNOB_TYPE_Int KnobType::kInt
-#define MERIDIAN_KNOB_TYPE_String KnobType::kString
-#define MERIDIAN_DECLARE_KNOB(id, name, type, def, doc) \
-  inline constexpr KnobInfo id{name, MERIDIAN_KNOB_TYPE_##type, def, "", doc};
+#define MERIDIAN_DECLARE_STRING_KNOB(id, name, def, doc) \
+  inline constexpr KnobInfo id{name, KnobType::kString, def, "", doc};
+#define MERIDIAN_DECLARE_INT_KNOB(id, name, def, min, max, doc) \
+  inline constexpr KnobInfo id{name, KnobType::kInt, def, "", doc, min, max, false};
+#define MERIDIAN_DECLARE_INT_OR_ZERO_KNOB(id, name, def, min, max, doc) \
+  inline constexpr KnobInfo id{name, KnobType::kInt, def, "", doc, min, max, true};
 #define MERIDIAN_DECLARE_CHOICE_KNOB(id, name, def, choices, doc) \
   inline constexpr KnobInfo id{name, KnobType::kChoice, def, choices, doc};
-MERIDIAN_KNOBS(MERIDIAN_DECLARE_KNOB, MERIDIAN_DECLARE_CHOICE_KNOB)
+MERIDIAN_KNOBS(MERIDIAN_DECLARE_STRING_KNOB, MERIDIAN_DECLARE_INT_KNOB, MERIDIAN_DECLARE_INT_OR_ZERO_KNOB,
+               MERIDIAN_DECLARE_CHOICE_KNOB)
 #undef MERIDIAN_DECLARE_CHOICE_KNOB
-#undef MERIDIAN_DECLARE_KNOB
+#undef MERIDIAN_DECLARE_INT_OR_ZERO_KNOB
+#undef MERIDIAN_DECLARE_INT_KNOB
+#undef MERIDIAN_DECLARE_STRING_KNOB
 }  // namespace knobs
 
 // All knobs in declaration order.
@@ -60,12 +69,18 @@ std::string joinCommaList(const std::vector<std::string>& items);
 
 // ---- Integers (k/m/g suffixes in powers of 1024) ----------------------------------------
 
-// kInvalidArgument naming the variable when it is not an integer or not in [min, max].
+// kInvalidArgument naming the variable and the allowed range when it is not an integer or
+// outside the range its declaration allows (core/knob_list.h):
+// "MERIDIAN_TCP_SOCKBUF_BYTES='1': not 0 or in [64k, 1g]". A caller that needs less passes
+// [min, max]: the value must then be in both ranges.
 Result<std::int64_t> readKnobInt(const KnobInfo& knob, std::int64_t min = INT64_MIN,
                                  std::int64_t max = INT64_MAX);
 // The same; throws ConfigError with the same message.
 std::int64_t knobInt(const KnobInfo& knob);
 std::int64_t knobInt(const KnobInfo& knob, std::int64_t min, std::int64_t max);
+// The range a kInt knob's declaration allows, as its messages and the README say it:
+// "in [1, 16]", "0 or in [64k, 1g]" (byte knobs with k/m/g suffixes as parseByteSize reads them).
+std::string knobRangeText(const KnobInfo& knob);
 
 // Parses "123", "4k", "16M", "1g" (powers of 1024); kInvalidArgument naming `what`.
 Result<std::int64_t> readByteSize(const std::string& text, const std::string& what);
@@ -83,7 +98,7 @@ Result<std::string> readKnobChoice(const KnobInfo& knob, std::string_view given 
 // The same; throws ConfigError with the same message.
 std::string knobChoice(const KnobInfo& knob, std::string_view given = {});
 
-// "int", "string", or "one of `a`, `b`" (markdown).
+// "int in [1, 16]", "int, 0 or in [64k, 1g]", "string", or "one of `a`, `b`" (markdown).
 std::string knobTypeName(const KnobInfo& knob);
 // The README table (markdown), generated from the declarations.
 std::string knobMarkdownTable();

@@ -33,17 +33,17 @@ extern char** environ;
 
 namespace meridian {
 
-Result<int> pickFreeLoopbackPort() {
+Result<LoopbackListener> listenOnFreeLoopbackPort() {
   UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof(a);
   if (!fd.valid() || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    return internalError("cannot find a free loopback port: {}", std::strerror(errno));
+      ::listen(fd.get(), SOMAXCONN) != 0 || ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    return internalError("cannot listen on a free loopback port: {}", errnoText(errno));
   }
-  return static_cast<int>(ntohs(a.sin_port));
+  return LoopbackListener{std::move(fd), static_cast<int>(ntohs(a.sin_port))};
 }
 
 namespace {
@@ -104,9 +104,12 @@ Result<int> launchLocalRanks(const LocalLaunchOptions& options) {
                            options.ranks);
   }
   std::string store = options.store;
+  int storeListenFd = store.empty() ? -1 : options.storeListenFd;
+  LoopbackListener ownListener;  // closed here once every rank is started: rank 0 holds it then
   if (store.empty()) {
-    MERIDIAN_ASSIGN_OR_RETURN(const int port, pickFreeLoopbackPort());
-    store = fmt::format("127.0.0.1:{}", port);
+    MERIDIAN_ASSIGN_OR_RETURN(ownListener, listenOnFreeLoopbackPort());
+    store = fmt::format("127.0.0.1:{}", ownListener.port);
+    storeListenFd = ownListener.fd.get();
   }
   // Ranks launched here are all ours: without a job secret, give them a fresh random one.
   std::string secret;
@@ -191,6 +194,13 @@ Result<int> launchLocalRanks(const LocalLaunchOptions& options) {
       put("MERIDIAN_LOCAL_RANK", std::to_string(options.separateHosts ? 0 : r));
       put("MERIDIAN_LOCAL_WORLD_SIZE", std::to_string(options.separateHosts ? 1 : options.ranks));
       put("MERIDIAN_STORE", store);
+      if (r == 0 && storeListenFd >= 0) {
+        const int inherited = ::dup(storeListenFd);  // without close-on-exec: it outlives the exec
+        if (inherited < 0) childFail("dup of the store socket");
+        put(knobs::kStoreFd.name, std::to_string(inherited));
+      } else if (::unsetenv(knobs::kStoreFd.name) != 0) {
+        childFail("unsetenv");
+      }
       if (!secret.empty()) put("MERIDIAN_SECRET", secret);
       for (const auto& [k, v] : options.extraEnv) put(k, v);
       for (const auto& [k, v] : env) put(k, v);
@@ -216,6 +226,7 @@ Result<int> launchLocalRanks(const LocalLaunchOptions& options) {
     }
     children[pid] = r;
   }
+  ownListener.fd.reset();  // a socket rank 0 now holds: nothing was accepted on it here
   int worst = 0;
   bool terminating = false;
   auto firstFailure = std::chrono::steady_clock::time_point::max();

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/fd.h"
 #include "core/status.h"
 
 namespace meridian {
@@ -20,8 +21,14 @@ struct LocalLaunchOptions {
   std::vector<std::string> argv;  // argv[0] is the program (looked up in PATH without a '/')
   std::vector<std::pair<std::string, std::string>> extraEnv;
   std::chrono::seconds failureGrace{10};
-  // Where rank 0 hosts the store ("host:port"); empty: a free loopback port.
+  // Where rank 0 hosts the store ("host:port"); empty: a free loopback port, which the
+  // launcher binds and listens on itself and hands to rank 0 (MERIDIAN_STORE_FD), so that
+  // nobody can take the port between its choice and the store's start.
   std::string store;
+  // With `store`: a socket already listening on its port, handed to rank 0 the same way
+  // (opened with close-on-exec; the caller keeps it open until launchLocalRanks returns).
+  // -1: rank 0 binds `store` itself.
+  int storeListenFd = -1;
   // Every rank on a host of its own (MERIDIAN_LOCAL_RANK 0 of 1) rather than all on this one.
   bool separateHosts = false;
   // Per rank: more environment, and a step run in the child before exec (e.g. entering a
@@ -62,7 +69,11 @@ Result<int> launchLocalRanks(const LocalLaunchOptions& options);
 // without the options in `drop` (each taking a value, as "--opt v" or "--opt=v").
 std::vector<std::string> relaunchArgv(int argc, char** argv, const std::vector<std::string>& drop);
 
-// A loopback TCP port that was free a moment ago (bound to 0, then released).
-Result<int> pickFreeLoopbackPort();
+// A TCP socket listening (close-on-exec) on a loopback port the kernel chose, and the port.
+struct LoopbackListener {
+  UniqueFd fd;
+  int port = 0;
+};
+Result<LoopbackListener> listenOnFreeLoopbackPort();
 
 }  // namespace meridian

@@ -62,14 +62,24 @@ std::optional<std::pair<std::string, int>> metricsBaseAddress() {
   return parsed.isOk() ? *parsed : std::nullopt;
 }
 
-std::string scrapeTargetsDir() { return knobString(knobs::kPrometheusSdDir); }
+Result<std::string> scrapeTargetsDir(const PrivateDirRoots& roots) {
+  if (knobIsSet(knobs::kPrometheusSdDir)) {
+    // Chosen by hand, perhaps for a Prometheus of another user to read: nobody else may
+    // write in it, so nobody can plant a file or a link there.
+    const std::string dir = knobString(knobs::kPrometheusSdDir);
+    MERIDIAN_RETURN_IF_ERROR(ensurePrivateDirectory(dir, 022).withContext(knobs::kPrometheusSdDir.name));
+    return dir;
+  }
+  MERIDIAN_ASSIGN_OR_RETURN(const std::string base, privateRuntimeDir(roots));
+  const std::string dir = base + "/prometheus-sd";
+  MERIDIAN_RETURN_IF_ERROR(ensurePrivateDirectory(dir));
+  return dir;
+}
 
 Status writeScrapeTargets(const std::string& job, const std::vector<ScrapeTarget>& targets) {
   if (!validJob(job)) return invalidArgument("scrape targets: bad job name '{}'", job);
-  const std::string dir = scrapeTargetsDir();
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return invalidArgument("scrape targets: cannot create {}: {}", dir, ec.message());
+  auto dir = scrapeTargetsDir();
+  if (!dir) return dir.status().withContext("scrape targets");
   nlohmann::json entries = nlohmann::json::array();
   for (const auto& t : targets) {
     nlohmann::json labels = nlohmann::json::object();
@@ -77,13 +87,15 @@ Status writeScrapeTargets(const std::string& job, const std::vector<ScrapeTarget
     entries.push_back({{"targets", {t.address}}, {"labels", labels}});
   }
   // The temporary name does not end in .json, so Prometheus never reads a half-written file.
-  return writeFileAtomically(dir + "/" + job + ".json", entries.dump(2) + "\n").withContext("scrape targets");
+  return writeFileAtomically(*dir + "/" + job + ".json", entries.dump(2) + "\n").withContext("scrape targets");
 }
 
 void removeScrapeTargets(const std::string& job) {
   if (!validJob(job)) return;
+  auto dir = scrapeTargetsDir();
+  if (!dir) return;  // nothing was written there either
   std::error_code ec;
-  std::filesystem::remove(scrapeTargetsDir() + "/" + job + ".json", ec);
+  std::filesystem::remove(*dir + "/" + job + ".json", ec);
 }
 
 ScrapeTargetsFile::ScrapeTargetsFile(std::string job, const std::vector<ScrapeTarget>& targets) : job_(std::move(job)) {

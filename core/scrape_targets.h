@@ -1,6 +1,7 @@
 // Prometheus file-based service discovery: launchers that know where ranks serve their
 // metrics (meridian-lab, `--ranks N`) write one JSON file per job into
-// MERIDIAN_PROMETHEUS_SD_DIR, which the Prometheus that scripts/prometheus.sh starts watches
+// MERIDIAN_PROMETHEUS_SD_DIR (unset: prometheus-sd in this user's private directory,
+// core/file_util.h), which the Prometheus that scripts/prometheus.sh starts watches
 // (file_sd_configs). A file lives as long as its job and is removed when it ends.
 #pragma once
 
@@ -9,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/file_util.h"
 #include "core/metrics.h"
 #include "core/status.h"
 
@@ -35,8 +37,11 @@ struct ScrapeTarget {
   MetricLabels labels;  // e.g. rank, region, node
 };
 
-// MERIDIAN_PROMETHEUS_SD_DIR.
-std::string scrapeTargetsDir();
+// The discovery directory, created when missing: MERIDIAN_PROMETHEUS_SD_DIR when set (a
+// directory of this user's that nobody else may write), else <privateRuntimeDir>/prometheus-sd
+// (0700). kInvalidArgument saying why a directory is refused (another owner, a symlink, a
+// mode that lets others write).
+Result<std::string> scrapeTargetsDir(const PrivateDirRoots& roots = defaultPrivateDirRoots());
 // Writes <dir>/<job>.json atomically in Prometheus' file_sd format (one entry per target),
 // creating the directory. `job`: letters, digits, '-', '_' and '.'.
 Status writeScrapeTargets(const std::string& job, const std::vector<ScrapeTarget>& targets);

@@ -285,9 +285,11 @@ Status labUp(const std::string& topologyFile, const UpOptions& options) {
   {
     std::array<std::uint8_t, 32> raw{};
     randomBytes(raw);
-    Status st = writeFileAtomically(s.secretFile(), fmt::format("{:02x}\n", fmt::join(raw, "")));
-    if (st.isOk() && ::chmod(s.secretFile().c_str(), 0600) != 0) st = internalError("chmod {}: {}", s.secretFile(), errnoText(errno));
-    if (!st.isOk()) return fail(st);
+    AtomicWriteOptions ownerOnly;
+    ownerOnly.mode = 0600;
+    if (Status st = writeFileAtomically(s.secretFile(), fmt::format("{:02x}\n", fmt::join(raw, "")), ownerOnly); !st.isOk()) {
+      return fail(st);
+    }
   }
 
   std::vector<std::vector<UniqueFd>> tuns(topo.nodes.size());
@@ -487,20 +489,24 @@ Result<int> execAll(const LabState& lab, const std::vector<std::string>& argv) {
   o.ranks = static_cast<int>(t.nodes.size());
   o.argv = argv;
   o.separateHosts = true;
+  UniqueFd storeListener;  // rank 0 inherits it (MERIDIAN_STORE_FD): the port is the job's from here on
   if (const char* store = std::getenv("MERIDIAN_STORE")) {
     o.store = store;
   } else {
-    // A port free in the first node right now, so that two jobs in one lab do not meet.
+    // A port of the first node's, so that two jobs in one lab do not meet, kept listening
+    // until rank 0's store serves on the very socket.
     int port = 29400;
     if (auto fd = socketIn(lab.namespaceOf(0), AF_INET, SOCK_STREAM); fd.isOk()) {
       sockaddr_in a = ipv4Address(t.address(0, 0), 0);
       socklen_t len = sizeof(a);
-      if (::bind(fd->get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      if (::bind(fd->get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 && ::listen(fd->get(), SOMAXCONN) == 0 &&
           ::getsockname(fd->get(), reinterpret_cast<sockaddr*>(&a), &len) == 0) {
         port = ntohs(a.sin_port);
+        storeListener = std::move(fd).value();
       }
     }
     o.store = fmt::format("{}:{}", t.address(0, 0), port);
+    o.storeListenFd = storeListener.get();
   }
   o.rankEnv = [&lab](int rank) { return nodeEnvironment(lab, rank); };
   o.childSetup = [&lab](int rank) {

@@ -117,15 +117,21 @@ MetricsExporter::~MetricsExporter() {
   if (knocker.joinable()) knocker.join();
 }
 
-Result<std::unique_ptr<MetricsExporter>> MetricsExporter::start(const std::string& address, MetricsRegistry& registry) {
+Result<std::unique_ptr<MetricsExporter>> MetricsExporter::start(const std::string& address, MetricsRegistry& registry,
+                                                                std::chrono::milliseconds requestTimeout) {
   auto where = parseHostPort(address, /*allowPortZero=*/true);
   if (!where) return invalidArgument("metrics address {}: {}", address, where.status().message());
   const std::string listen = fmt::format("{}:{}", where->first, where->second);
   auto collectable = std::make_shared<RegistryCollectable>(registry);
   std::unique_ptr<prometheus::Exposer> exposer;
   try {
-    exposer = std::make_unique<prometheus::Exposer>(
-        std::vector<std::string>{"listening_ports", listen, "num_threads", "2"});
+    // Options civetweb 1.15 (Debian's, under prometheus-cpp 1.0) takes as given; an unknown
+    // one fails the start. request_timeout_ms bounds the wait for a request's headers from
+    // when a thread takes the connection, however slowly the bytes trickle in, and each
+    // write of the response; keep-alive stays off, so a connection is one request.
+    exposer = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", listen, "num_threads", std::to_string(kMetricsServerThreads), "request_timeout_ms",
+        std::to_string(requestTimeout.count()), "enable_keep_alive", "no"});
   } catch (const std::exception& e) {  // civetweb's CivetException (a runtime_error) when it cannot bind
     return invalidArgument("metrics address {}: cannot listen: {}", address, bindFailureReason(where->first, where->second, e.what()));
   }

@@ -2,6 +2,7 @@
 // prometheus-cpp's exposer (civetweb); each scrape snapshots the registry afresh.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,14 +24,25 @@ namespace meridian::monitoring {
 // std::nullopt (metrics off); anything else kInvalidArgument naming the variable and value.
 Result<std::optional<std::string>> metricsAddressFromEnv(int localRank);
 
+// Server threads: how many clients are served at once. A client that connects and sends
+// nothing (or half a request) holds one for at most kMetricsRequestTimeout, so a few slow
+// or hostile clients delay a scrape by that much at worst and never stop scrapes.
+inline constexpr int kMetricsServerThreads = 8;
+// How long the server waits for a whole request, and for a client to take a response
+// (civetweb's request_timeout_ms). A scrape's request is one small packet: plenty even
+// across regions.
+inline constexpr std::chrono::milliseconds kMetricsRequestTimeout{3000};
+
 class MetricsExporter {
  public:
   // Serves `registry` (which must outlive the exporter) on http://address/metrics.
   // address: host:port as for MERIDIAN_METRICS_ADDR, where port 0 lets the kernel choose.
   // A bad address or one that cannot be bound (port in use) -> kInvalidArgument
-  // "metrics address <address>: <reason>".
+  // "metrics address <address>: <reason>". requestTimeout: as kMetricsRequestTimeout
+  // (tests shorten it).
   static Result<std::unique_ptr<MetricsExporter>> start(const std::string& address,
-                                                        MetricsRegistry& registry = MetricsRegistry::global());
+                                                        MetricsRegistry& registry = MetricsRegistry::global(),
+                                                        std::chrono::milliseconds requestTimeout = kMetricsRequestTimeout);
   ~MetricsExporter();
   MetricsExporter(const MetricsExporter&) = delete;
   MetricsExporter& operator=(const MetricsExporter&) = delete;

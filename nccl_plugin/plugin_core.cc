@@ -10,12 +10,13 @@
 #include <cmath>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
 #include <optional>
-#include <random>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -25,6 +26,7 @@
 #include "core/local_launch.h"
 #include "core/log.h"
 #include "core/metrics.h"
+#include "core/secret.h"
 #include "core/wire.h"
 #include "routing/path_judge.h"
 
@@ -42,12 +44,19 @@ constexpr int kUnknownSpeedMbps = 10'000;
 // once a second; a quicker look acts on a fresh reading sooner).
 constexpr auto kJudgePeriod = std::chrono::milliseconds(250);
 
-std::uint64_t randomId() {
-  static std::mutex mu;
-  static std::mt19937_64 rng{std::random_device{}()};
-  std::lock_guard lock(mu);
+// A nonzero id from the CSPRNG (OpenSSL): listen ids name a listener on the wire, and one a
+// peer could predict from earlier ones would let it answer for another connection.
+Result<std::uint64_t> randomId() {
   std::uint64_t v = 0;
-  while (v == 0) v = rng();
+  try {
+    while (v == 0) {
+      std::uint8_t bytes[sizeof v];
+      randomBytes(bytes);
+      std::memcpy(&v, bytes, sizeof v);
+    }
+  } catch (const std::exception& e) {
+    return internalError("cannot draw a random id: {}", e.what());
+  }
   return v;
 }
 
@@ -420,7 +429,7 @@ Status Core::init() {
   }
   MERIDIAN_ASSIGN_OR_RETURN(const std::string mode, readKnobChoice(knobs::kNcclDevices));
   MERIDIAN_ASSIGN_OR_RETURN(const std::string routingMode, readKnobChoice(knobs::kRouting));
-  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t timeoutMs, readKnobInt(knobs::kTimeoutMs, 1, INT_MAX));
+  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t timeoutMs, readKnobInt(knobs::kTimeoutMs));
   connectTimeout_ = std::chrono::milliseconds(timeoutMs);
   std::vector<std::vector<std::string>> groups;
   if (mode == "virtual") {
@@ -465,7 +474,7 @@ Result<ListenComm*> Core::listen(int dev, std::span<std::uint8_t, ConnectHandle:
   MERIDIAN_RETURN_IF_ERROR(checkedIndex(dev, deviceCount()));
   auto comm = std::make_unique<ListenComm>();
   comm->dev = dev;
-  comm->listenId = randomId();
+  MERIDIAN_ASSIGN_OR_RETURN(comm->listenId, randomId());
   ConnectHandle h;
   h.listenId = comm->listenId;
   h.endpoint = devices_[static_cast<std::size_t>(dev)].transport->endpoint();
@@ -483,7 +492,8 @@ Result<SendComm*> Core::connect(int dev, std::span<std::uint8_t, ConnectHandle::
   if (h.pending == 0) {
     auto p = std::make_unique<PendingConnect>();
     p->dev = dev;
-    p->connectionId = static_cast<int>(randomId() % (INT_MAX - 1)) + 1;
+    MERIDIAN_ASSIGN_OR_RETURN(const std::uint64_t drawn, randomId());
+    p->connectionId = static_cast<int>(drawn % (INT_MAX - 1)) + 1;
     transport::ChannelSpec spec;
     spec.sessionId = h.listenId;
     spec.selfRank = p->connectionId;

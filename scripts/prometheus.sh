@@ -8,16 +8,37 @@
 #   scripts/prometheus.sh status            "running PID ADDR" or "stopped"
 #
 # Targets come from file-based service discovery: every JSON file in
-# MERIDIAN_PROMETHEUS_SD_DIR (default /tmp/meridian-prometheus-sd), which meridian-lab (one
-# file per lab: each node's management address) and the `--ranks N` launchers of
-# meridian-train and meridian-bench (one file per job: 127.0.0.1:9400+rank) keep current,
-# so Prometheus finds ranks as jobs come and go without a restart.
-# Environment: MERIDIAN_PROMETHEUS_DIR (default /tmp/meridian-prometheus: config, data, log,
-# PID), MERIDIAN_PROMETHEUS_ADDR (default 127.0.0.1:9490), MERIDIAN_SCRAPE_INTERVAL (2s).
+# MERIDIAN_PROMETHEUS_SD_DIR (default prometheus-sd in this user's private directory, below),
+# which meridian-lab (one file per lab: each node's management address) and the `--ranks N`
+# launchers of meridian-train and meridian-bench (one file per job: 127.0.0.1:9400+rank) keep
+# current, so Prometheus finds ranks as jobs come and go without a restart. Run it as the
+# user who runs the jobs (or point both at one MERIDIAN_PROMETHEUS_SD_DIR).
+# Environment: MERIDIAN_PROMETHEUS_DIR (default prometheus in the private directory: config,
+# data, log, PID), MERIDIAN_PROMETHEUS_ADDR (default 127.0.0.1:9490), MERIDIAN_SCRAPE_INTERVAL (2s).
 set -euo pipefail
-dir=${MERIDIAN_PROMETHEUS_DIR:-/tmp/meridian-prometheus}
+
+# Meridian's per-user private directory, chosen as core/file_util.cc privateRuntimeDir()
+# chooses it: $XDG_RUNTIME_DIR/meridian or /run/user/UID/meridian where that runtime directory
+# is ours and private, else /tmp/meridian-UID; made 0700, and refused when it is a link, is
+# someone else's, or lets others in (a directory in /tmp anyone could have made first).
+owner_only() {  # a directory, not a link, ours, mode & 077 == 0
+  [ -d "$1" ] && [ ! -L "$1" ] && [ -O "$1" ] && (( (8#$(stat -c %a "$1") & 8#077) == 0 ))
+}
+private_dir() {
+  local uid root d=""
+  uid=$(id -u)
+  for root in "${XDG_RUNTIME_DIR:-}" "/run/user/$uid"; do
+    if [[ $root == /* ]] && owner_only "$root"; then d=$root/meridian; break; fi
+  done
+  [ -n "$d" ] || d=/tmp/meridian-$uid
+  mkdir -m 0700 "$d" 2>/dev/null || true
+  owner_only "$d" || { echo "refusing directory $d: not a private directory of uid $uid (remove it)" >&2; return 1; }
+  echo "$d"
+}
+private=$(private_dir)
+dir=${MERIDIAN_PROMETHEUS_DIR:-$private/prometheus}
 addr=${MERIDIAN_PROMETHEUS_ADDR:-127.0.0.1:9490}
-sd=${MERIDIAN_PROMETHEUS_SD_DIR:-/tmp/meridian-prometheus-sd}
+sd=${MERIDIAN_PROMETHEUS_SD_DIR:-$private/prometheus-sd}
 interval=${MERIDIAN_SCRAPE_INTERVAL:-2s}
 pidFile="$dir/prometheus.pid"
 
@@ -54,7 +75,7 @@ case ${1:-} in
       echo "already running (pid $(cat "$pidFile")) on http://$addr" >&2
       exit 0
     fi
-    mkdir -p "$dir/data" "$sd"
+    mkdir -p -m 0700 "$dir/data" "$sd"
     config > "$dir/prometheus.yml"
     prometheus --config.file="$dir/prometheus.yml" --storage.tsdb.path="$dir/data" \
       --web.listen-address="$addr" --storage.tsdb.retention.time=1d >"$dir/prometheus.log" 2>&1 &

@@ -397,7 +397,7 @@ int run(int argc, char** argv) {
   if (!info.isOk()) throw std::runtime_error(info.status().message());
   log::setRank(info->rank);
   const std::string secret = loadJobSecret(info->worldSize);
-  const auto timeout = std::chrono::milliseconds(knobInt(knobs::kTimeoutMs, 1, 1 << 30));
+  const auto timeout = std::chrono::milliseconds(knobInt(knobs::kTimeoutMs));
   std::unique_ptr<bootstrap::StoreServer> server;
   auto store = bootstrap::rendezvous(info.value(), secret, Clock::now() + timeout, &server);
   if (!store.isOk()) throw std::runtime_error(store.status().message());
@@ -417,7 +417,7 @@ int run(int argc, char** argv) {
 
   routing::ProberOptions po;
   po.localAddresses = bootstrap::withoutPorts(bootstrap::localPathAddresses(info.value()));  // a port there is a data port
-  po.interval = std::chrono::milliseconds(knobInt(knobs::kProbeIntervalMs, 1, 60'000));
+  po.interval = std::chrono::milliseconds(knobInt(knobs::kProbeIntervalMs));
   po.secret = secret;
   po.sessionId = session;
   po.selfRank = rank;

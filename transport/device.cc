@@ -10,13 +10,15 @@
 
 namespace meridian::transport {
 
+static_assert(knobs::kChunkBytes.maxValue == kMaxChunkBytes, "MERIDIAN_CHUNK_BYTES's range ends at the frame limit");
+
 Status resolveKnobs(DeviceOptions& o) {
   if (o.chunkBytes == 0) {
-    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t v, readKnobInt(knobs::kChunkBytes, 4096, kMaxChunkBytes));
+    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t v, readKnobInt(knobs::kChunkBytes));
     o.chunkBytes = static_cast<std::size_t>(v);
   }
   if (o.pathStallMs <= 0) {
-    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t v, readKnobInt(knobs::kPathStallMs, 1, 3'600'000));
+    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t v, readKnobInt(knobs::kPathStallMs));
     o.pathStallMs = static_cast<int>(v);
   }
   if (o.secret.empty()) {
@@ -28,11 +30,11 @@ Status resolveKnobs(DeviceOptions& o) {
   }
   if (o.kind == DeviceKind::kTcp) {
     if (o.tcp.streamsPerPath <= 0) {
-      MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t v, readKnobInt(knobs::kTcpStreams, 1, 16));
+      MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t v, readKnobInt(knobs::kTcpStreams));
       o.tcp.streamsPerPath = static_cast<int>(v);
     }
     if (o.tcp.socketBufferBytes <= 0) {
-      MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t v, readKnobInt(knobs::kTcpSockBufBytes, 0, 1 << 30));
+      MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t v, readKnobInt(knobs::kTcpSockBufBytes));
       o.tcp.socketBufferBytes = static_cast<int>(v);
     }
     MERIDIAN_ASSIGN_OR_RETURN(o.fabric.mode, readKnobChoice(knobs::kFabric, o.fabric.mode));
@@ -40,7 +42,7 @@ Status resolveKnobs(DeviceOptions& o) {
     if (o.fabric.domain.empty()) o.fabric.domain = knobString(knobs::kFabricDomain);
     MERIDIAN_ASSIGN_OR_RETURN(o.fabric.tcp, readKnobChoice(knobs::kFabricTcp, o.fabric.tcp));
     if (o.tcp.notsentLowatBytes < 0) {
-      MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t v, readKnobInt(knobs::kTcpNotsentLowatBytes, 0, 1 << 30));
+      MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t v, readKnobInt(knobs::kTcpNotsentLowatBytes));
       o.tcp.notsentLowatBytes = static_cast<int>(v);
     }
   }

@@ -2,22 +2,31 @@
 // at the store that rank 0 hosts.
 #include "bootstrap/launch_env.h"
 
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <optional>
 #include <thread>
 
+#include "transport/tcp/socket.h"
+
 namespace meridian::bootstrap {
 namespace {
 
 using std::chrono::milliseconds;
+namespace tcp = transport::tcp;
 
 constexpr const char* kSecret = "meridian-test-secret";
 
 // Every variable detectLaunch reads.
 constexpr const char* kLaunchVars[] = {
-    "MERIDIAN_RANK", "MERIDIAN_WORLD_SIZE", "MERIDIAN_STORE", "MERIDIAN_LOCAL_RANK", "MERIDIAN_LOCAL_WORLD_SIZE",
+    "MERIDIAN_RANK", "MERIDIAN_WORLD_SIZE", "MERIDIAN_STORE", "MERIDIAN_STORE_FD", "MERIDIAN_LOCAL_RANK",
+    "MERIDIAN_LOCAL_WORLD_SIZE",
     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
     "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NNODES", "SLURM_STEP_NUM_NODES", "SLURM_NODEID",
     "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE",
@@ -388,6 +397,55 @@ TEST_F(LaunchEnvTest, RankZeroFailsClearlyWhenTheStorePortIsTaken) {
   ASSERT_FALSE(store);
   EXPECT_NE(store.status().message().find("MERIDIAN_STORE"), std::string::npos) << store.status().message();
   EXPECT_EQ(server, nullptr);
+}
+
+// Regression (issue 26): the --ranks launcher chose a free port, released it and let rank 0
+// bind it again, so another process could take it in between. Now the launcher keeps it
+// bound and rank 0 serves on the very socket.
+TEST_F(LaunchEnvTest, RankZeroAdoptsTheListeningSocketItsLauncherHandsOver) {
+  auto listener = tcp::listenOn("127.0.0.1", 0, /*nonBlocking=*/false);
+  ASSERT_TRUE(listener) << listener.status().toString();
+  sockaddr_in a{};
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::getsockname(listener->get(), reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const std::uint16_t port = ntohs(a.sin_port);
+  set("MERIDIAN_STORE_FD", std::to_string(listener->release()).c_str());
+  LaunchInfo info;
+  info.rank = 0;
+  info.worldSize = 1;
+  info.storeAddress = fmt::format("127.0.0.1:{}", port);
+  info.launcher = "test";
+  std::unique_ptr<StoreServer> server;
+  auto store = rendezvous(info, kSecret, deadlineAfter(milliseconds(10000)), &server);
+  ASSERT_TRUE(store) << store.status().toString();
+  ASSERT_NE(server, nullptr);
+  EXPECT_EQ(server->port(), port);
+  EXPECT_EQ(std::getenv("MERIDIAN_STORE_FD"), nullptr) << "taken once, not left for a later rendezvous";
+  EXPECT_TRUE(storeBarrier(*store.value(), "adopted", 1, deadlineAfter(milliseconds(10000))));
+}
+
+TEST_F(LaunchEnvTest, RankZeroRefusesAStoreFdThatIsNotAListeningSocket) {
+  int ends[2] = {-1, -1};
+  ASSERT_EQ(::pipe2(ends, O_CLOEXEC), 0);
+  UniqueFd readEnd(ends[0]), writeEnd(ends[1]);
+  set("MERIDIAN_STORE_FD", std::to_string(readEnd.get()).c_str());
+  LaunchInfo info;
+  info.rank = 0;
+  info.worldSize = 1;
+  info.storeAddress = "127.0.0.1:0";
+  std::unique_ptr<StoreServer> server;
+  auto store = rendezvous(info, kSecret, deadlineAfter(milliseconds(5000)), &server);
+  ASSERT_FALSE(store);
+  EXPECT_EQ(store.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(store.status().message().find("MERIDIAN_STORE_FD=" + std::to_string(readEnd.get())), std::string::npos)
+      << store.status().message();
+  EXPECT_NE(store.status().message().find("not a socket"), std::string::npos) << store.status().message();
+  EXPECT_EQ(server, nullptr);
+  EXPECT_NE(::fcntl(readEnd.get(), F_GETFD), -1) << "what is not the store's socket is left alone";
+  set("MERIDIAN_STORE_FD", "-5");
+  store = rendezvous(info, kSecret, deadlineAfter(milliseconds(5000)), &server);
+  ASSERT_FALSE(store);
+  EXPECT_NE(store.status().message().find("MERIDIAN_STORE_FD='-5'"), std::string::npos) << store.status().message();
 }
 
 TEST_F(LaunchEnvTest, RendezvousRejectsBadArguments) {

@@ -2,6 +2,11 @@
 // loopback with ranks as threads, wrong secrets, garbage clients and shutdown.
 #include "bootstrap/store.h"
 
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -526,6 +531,68 @@ class TcpStoreTest : public ::testing::Test {
 
   std::unique_ptr<StoreServer> server_;
 };
+
+// ---- A listening socket handed over by a launcher (MERIDIAN_STORE_FD) ------------------
+
+// The bound port of a socket.
+std::uint16_t portOf(int fd) {
+  sockaddr_in a{};
+  socklen_t len = sizeof a;
+  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  return ntohs(a.sin_port);
+}
+
+TEST(StoreServerAdoptTest, ServesOnAnInheritedListeningSocket) {
+  auto listener = tcp::listenOn("127.0.0.1", 0, /*nonBlocking=*/false);
+  ASSERT_TRUE(listener) << listener.status().toString();
+  const std::uint16_t port = portOf(listener->get());
+  const int fd = listener->release();
+  auto server = StoreServer::adopt(fd, port, kSecret);
+  ASSERT_TRUE(server) << server.status().toString();
+  EXPECT_EQ(server.value()->port(), port) << "the socket given, not a new one";
+  EXPECT_NE(::fcntl(fd, F_GETFL) & O_NONBLOCK, 0);
+  EXPECT_NE(::fcntl(fd, F_GETFD) & FD_CLOEXEC, 0) << "rank 0's own children must not inherit it";
+  auto store = TcpStore::connect(fmt::format("127.0.0.1:{}", port), kSecret, in(milliseconds(10000)));
+  ASSERT_TRUE(store) << store.status().toString();
+  ASSERT_TRUE(store.value()->set("k", bytes("v")));
+  auto got = store.value()->get("k", in(milliseconds(10000)));
+  ASSERT_TRUE(got) << got.status().toString();
+  EXPECT_EQ(text(got.value()), "v");
+}
+
+TEST(StoreServerAdoptTest, RefusesWhatIsNotAListeningTcpSocketAndLeavesItOpen) {
+  auto listener = tcp::listenOn("127.0.0.1", 0, /*nonBlocking=*/false);
+  ASSERT_TRUE(listener) << listener.status().toString();
+  const std::uint16_t port = portOf(listener->get());
+  UniqueFd udp(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  UniqueFd unlistened(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  int pipeEnds[2] = {-1, -1};
+  ASSERT_EQ(::pipe2(pipeEnds, O_CLOEXEC), 0);
+  UniqueFd pipeRead(pipeEnds[0]), pipeWrite(pipeEnds[1]);
+  const int closedNumber = ::dup(pipeRead.get());
+  ASSERT_GE(closedNumber, 0);
+  ASSERT_EQ(::close(closedNumber), 0);
+  const struct {
+    int fd;
+    std::uint16_t expectedPort;
+    const char* why;
+  } cases[] = {
+      {udp.get(), 0, "not an IPv4 TCP socket"},
+      {unlistened.get(), 0, "not listening"},
+      {pipeRead.get(), 0, "not a socket"},
+      {closedNumber, 0, "not open"},
+      {listener->get(), static_cast<std::uint16_t>(port == 65535 ? 1 : port + 1), "not the store's"},
+  };
+  for (const auto& c : cases) {
+    auto server = StoreServer::adopt(c.fd, c.expectedPort, kSecret);
+    ASSERT_FALSE(server) << c.why;
+    EXPECT_EQ(server.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(server.status().message().find(c.why), std::string::npos) << server.status().message();
+    if (c.fd != closedNumber) {
+      EXPECT_NE(::fcntl(c.fd, F_GETFD), -1) << c.why << ": a refused descriptor stays open";
+    }
+  }
+}
 
 TEST_F(TcpStoreTest, ServesEveryOpOverLoopback) {
   auto store = connectClient();

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <string_view>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -137,6 +139,70 @@ TEST(KnobsTest, EveryChoiceKnobAllowsItsDefaultAndListsItsValues) {
         << k.name << ": the table lists the allowed values";
   }
   EXPECT_GE(choiceKnobs, 5) << "routing, algo, relay, direct read and NCCL devices are enumerations";
+}
+
+// Regression (issue 26): MERIDIAN_TCP_SOCKBUF_BYTES=1 was taken, and every reader had a
+// range of its own. Now the declaration carries the range, and every reader checks it.
+TEST(KnobsTest, AValueOutsideTheDeclaredRangeIsRefusedNamingTheRange) {
+  {
+    EnvGuard g("MERIDIAN_TCP_SOCKBUF_BYTES", "1");
+    auto v = readKnobInt(knobs::kTcpSockBufBytes);
+    ASSERT_FALSE(v.isOk());
+    EXPECT_EQ(v.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(v.status().message(), "MERIDIAN_TCP_SOCKBUF_BYTES='1': not 0 or in [64k, 1g]");
+    EXPECT_THROW(knobInt(knobs::kTcpSockBufBytes), ConfigError);
+  }
+  for (const char* ok : {"0", "64k", "4M", "1g"}) {
+    EnvGuard g("MERIDIAN_TCP_SOCKBUF_BYTES", ok);
+    EXPECT_TRUE(readKnobInt(knobs::kTcpSockBufBytes).isOk()) << ok;
+  }
+  for (const char* bad : {"-1", "65535", "2g"}) {
+    EnvGuard g("MERIDIAN_TCP_SOCKBUF_BYTES", bad);
+    EXPECT_FALSE(readKnobInt(knobs::kTcpSockBufBytes).isOk()) << bad;
+  }
+  const std::pair<const char*, const char*> refused[] = {
+      {"MERIDIAN_TIMEOUT_MS", "0"},          {"MERIDIAN_PATH_STALL_MS", "1"},
+      {"MERIDIAN_PROBE_INTERVAL_MS", "0"},   {"MERIDIAN_TCP_STREAMS", "0"},
+      {"MERIDIAN_CHUNK_BYTES", "100"},       {"MERIDIAN_CHUNK_BYTES", "65m"},
+      {"MERIDIAN_RING_SEGMENT_BYTES", "1"},  {"MERIDIAN_MAX_UNEXPECTED_BYTES", "0"},
+      {"MERIDIAN_TCP_NOTSENT_LOWAT_BYTES", "1"}, {"MERIDIAN_LINK_STATE_INTERVAL_MS", "-5"},
+  };
+  for (const auto& [name, value] : refused) {
+    EnvGuard g(name, value);
+    const KnobInfo* knob = nullptr;
+    for (const auto& k : allKnobs())
+      if (std::string(k.name) == name) knob = &k;
+    ASSERT_NE(knob, nullptr) << name;
+    auto v = readKnobInt(*knob);
+    ASSERT_FALSE(v.isOk()) << name << "=" << value;
+    EXPECT_EQ(v.status().message(), fmt::format("{}='{}': not {}", name, value, knobRangeText(*knob)));
+  }
+}
+
+TEST(KnobsTest, ACallersRangeNarrowsTheDeclaredOneAndNeverWidensIt) {
+  EnvGuard g("MERIDIAN_TCP_STREAMS", "12");
+  EXPECT_EQ(readKnobInt(knobs::kTcpStreams, 1, 8).status().message(), "MERIDIAN_TCP_STREAMS='12': not in [1, 8]");
+  EnvGuard wide("MERIDIAN_TCP_STREAMS", "40");
+  EXPECT_EQ(readKnobInt(knobs::kTcpStreams, 0, 100).status().message(), "MERIDIAN_TCP_STREAMS='40': not in [1, 16]");
+  EnvGuard zero("MERIDIAN_TCP_SOCKBUF_BYTES", "0");
+  EXPECT_FALSE(readKnobInt(knobs::kTcpSockBufBytes, 1, INT64_MAX).isOk()) << "a caller may rule out 0";
+}
+
+TEST(KnobsTest, EveryIntKnobHasARangeHoldingItsDefault) {
+  for (const auto& k : allKnobs()) {
+    if (k.type != KnobType::kInt) continue;
+    EXPECT_LE(k.minValue, k.maxValue) << k.name;
+    ::unsetenv(k.name);
+    EXPECT_TRUE(readKnobInt(k).isOk()) << k.name << "'s default " << k.defaultValue << " is outside its range";
+    EXPECT_NE(knobMarkdownTable().find(fmt::format("| `{}` | {} |", k.name, knobTypeName(k))), std::string::npos)
+        << k.name << ": the table shows the range";
+    const std::string_view name = k.name;
+    if (name.ends_with("_TIMEOUT_MS") || name == "MERIDIAN_TIMEOUT_MS" || name.ends_with("_STALL_MS")) {
+      EXPECT_GT(k.minValue, 0) << k.name << ": a timeout of 0 means nothing";
+    }
+  }
+  EXPECT_EQ(knobTypeName(knobs::kTcpStreams), "int in [1, 16]");
+  EXPECT_EQ(knobTypeName(knobs::kTcpSockBufBytes), "int, 0 or in [64k, 1g]");
 }
 
 TEST(KnobsTest, EveryKnobIsNamedOnceAndDocumented) {

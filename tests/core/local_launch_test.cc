@@ -4,7 +4,9 @@
 
 #include "core/check.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -69,9 +71,39 @@ TEST(LaunchLocalRanks, ReturnsTheWorstExitStatus) {
   const Result<int> worst = launchLocalRanks(o);
   ASSERT_TRUE(worst.isOk()) << worst.status().toString();
   EXPECT_EQ(worst.value(), 3);
-  const Result<int> port = pickFreeLoopbackPort();
-  ASSERT_TRUE(port.isOk()) << port.status().toString();
-  EXPECT_GT(port.value(), 0);
+}
+
+TEST(LaunchLocalRanks, ListensOnAFreeLoopbackPort) {
+  Result<LoopbackListener> listener = listenOnFreeLoopbackPort();
+  ASSERT_TRUE(listener.isOk()) << listener.status().toString();
+  EXPECT_GT(listener->port, 0);
+  int listening = 0;
+  socklen_t len = sizeof listening;
+  ASSERT_EQ(::getsockopt(listener->fd.get(), SOL_SOCKET, SO_ACCEPTCONN, &listening, &len), 0);
+  EXPECT_EQ(listening, 1);
+  EXPECT_NE(::fcntl(listener->fd.get(), F_GETFD) & FD_CLOEXEC, 0);
+}
+
+// Regression (issue 26): the launcher picked a free port, released it and left rank 0 to
+// bind it again, a window in which anyone could take it. Now the port is listening before
+// any rank starts, and rank 0 alone inherits the socket (MERIDIAN_STORE_FD) to serve on.
+TEST(LaunchLocalRanks, RankZeroInheritsTheStoreSocketAlreadyListening) {
+  LocalLaunchOptions o;
+  o.ranks = 3;
+  o.argv = {"/bin/sh", "-c",
+            "set -e\n"
+            "if [ \"$MERIDIAN_RANK\" = 0 ]; then\n"
+            "  readlink \"/proc/self/fd/$MERIDIAN_STORE_FD\" | grep -q '^socket:'\n"
+            "  port=${MERIDIAN_STORE##*:}\n"
+            "  grep -q \" 0100007F:$(printf %04X \"$port\") 00000000:0000 0A \" /proc/net/tcp\n"
+            "else\n"
+            "  [ -z \"${MERIDIAN_STORE_FD:-}\" ]\n"
+            "fi\n"};
+  ::setenv("MERIDIAN_STORE_FD", "999", 1);  // a stale one from above is no rank's
+  const Result<int> worst = launchLocalRanks(o);
+  ::unsetenv("MERIDIAN_STORE_FD");
+  ASSERT_TRUE(worst.isOk()) << worst.status().toString();
+  EXPECT_EQ(worst.value(), 0) << "rank 0 lacked a listening socket on MERIDIAN_STORE's port, or another rank got one";
 }
 
 TEST(AllowedCpus, AreThisProcessesAscending) {

@@ -51,5 +51,36 @@ TEST(ScrapeTargetsTest, AFileLivesAsLongAsItsJob) {
   std::filesystem::remove_all(dir);
 }
 
+// Regression (issue 26): the files went into a fixed directory in /tmp, made by whoever came
+// first, through a predictable temporary name; a symlink planted there made root overwrite
+// another file.
+TEST(ScrapeTargetsTest, ADirectoryOthersCanWriteIsRefusedAndNothingIsWritten) {
+  const std::string dir = std::filesystem::temp_directory_path() / ("meridian-sd-open-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::filesystem::permissions(dir, std::filesystem::perms::all);  // 0777, as a shared /tmp directory
+  ::setenv("MERIDIAN_PROMETHEUS_SD_DIR", dir.c_str(), 1);
+  Status st = writeScrapeTargets("job-2", {{"127.0.0.1:9400", {}}});
+  ::unsetenv("MERIDIAN_PROMETHEUS_SD_DIR");
+  ASSERT_FALSE(st.isOk());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("MERIDIAN_PROMETHEUS_SD_DIR"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("refusing directory " + dir), std::string::npos) << st.message();
+  EXPECT_FALSE(std::filesystem::exists(dir + "/job-2.json"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ScrapeTargetsTest, UnsetTheyGoToThisUsersPrivateDirectory) {
+  ::unsetenv("MERIDIAN_PROMETHEUS_SD_DIR");
+  const std::string tmp = std::filesystem::temp_directory_path() / ("meridian-sd-roots-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(tmp);
+  std::filesystem::create_directories(tmp);
+  auto dir = scrapeTargetsDir({"", "", tmp});
+  ASSERT_TRUE(dir.isOk()) << dir.status().toString();
+  EXPECT_EQ(dir.value(), tmp + "/meridian-" + std::to_string(::geteuid()) + "/prometheus-sd");
+  EXPECT_EQ(std::filesystem::status(dir.value()).permissions(), std::filesystem::perms::owner_all);
+  std::filesystem::remove_all(tmp);
+}
+
 }  // namespace
 }  // namespace meridian

@@ -8,12 +8,19 @@
 
 #include <gtest/gtest.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "core/clock.h"
+#include "core/fd.h"
 #include "monitoring/exporter.h"
+#include "tests/common/poll.h"
 
 namespace meridian::monitoring {
 namespace {
@@ -29,29 +36,55 @@ struct EnvGuard {
   ~EnvGuard() { ::unsetenv("MERIDIAN_METRICS_ADDR"); }
 };
 
-// GET `path` from "ip:port" over a plain TCP socket (HTTP/1.0: the server closes when
-// done); returns the whole response, or "" when the request fails.
-std::string httpGet(const std::string& endpoint, const std::string& path) {
+// A TCP connection to "ip:port"; invalid when it cannot connect.
+UniqueFd connectTo(const std::string& endpoint) {
   const auto colon = endpoint.rfind(':');
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<std::uint16_t>(std::stoi(endpoint.substr(colon + 1))));
-  if (::inet_pton(AF_INET, endpoint.substr(0, colon).c_str(), &addr.sin_addr) != 1) return "";
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return "";
+  if (::inet_pton(AF_INET, endpoint.substr(0, colon).c_str(), &addr.sin_addr) != 1) return {};
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid() || ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) return {};
+  return fd;
+}
+
+bool sendAll(int fd, const std::string& bytes) {
+  return ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
+}
+
+// GET `path` from "ip:port" over a plain TCP socket (HTTP/1.0: the server closes when
+// done); returns the whole response, or "" when the request fails.
+std::string httpGet(const std::string& endpoint, const std::string& path) {
+  UniqueFd fd = connectTo(endpoint);
+  if (!fd.valid()) return "";
   timeval timeout{5, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
   std::string response;
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0) {
-    const std::string request = "GET " + path + " HTTP/1.0\r\nHost: " + endpoint + "\r\n\r\n";
-    if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size())) {
-      char buf[4096];
-      ssize_t n = 0;
-      while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) response.append(buf, static_cast<std::size_t>(n));
-    }
+  if (sendAll(fd.get(), "GET " + path + " HTTP/1.0\r\nHost: " + endpoint + "\r\n\r\n")) {
+    char buf[4096];
+    ssize_t n = 0;
+    while ((n = ::recv(fd.get(), buf, sizeof buf, 0)) > 0) response.append(buf, static_cast<std::size_t>(n));
   }
-  ::close(fd);
   return response;
+}
+
+// `count` clients that connect and send half a request, then nothing (stalled or hostile
+// scrapers); empty when one cannot.
+std::vector<UniqueFd> stalledClients(const std::string& endpoint, int count) {
+  std::vector<UniqueFd> clients;
+  for (int i = 0; i < count; ++i) {
+    UniqueFd fd = connectTo(endpoint);
+    // No blank line: the request never ends.
+    if (!fd.valid() || !sendAll(fd.get(), "GET /metrics HTTP/1.1\r\nHost: " + endpoint + "\r\n")) return {};
+    clients.push_back(std::move(fd));
+  }
+  return clients;
+}
+
+// Scrapes until a scrape succeeds or `deadline` passes; true on success.
+bool scrapeBy(const std::string& endpoint, TimePoint deadline) {
+  return testing::pollUntil([&] { return httpGet(endpoint, "/metrics").rfind("HTTP/1.1 200", 0) == 0; }, deadline,
+                            std::chrono::milliseconds(20));
 }
 
 TEST(ExporterTest, ServesTheRegistryLiveOnMetrics) {
@@ -72,6 +105,55 @@ TEST(ExporterTest, ServesTheRegistryLiveOnMetrics) {
 
   r.counter("meridian_test_before_total", "recorded before start").add(1);
   EXPECT_NE(httpGet(endpoint, "/metrics").find("\nmeridian_test_before_total 6\n"), std::string::npos);
+}
+
+// Regression (issue 26): with two server threads, two half-finished requests stopped every
+// scrape until they were closed. Now a stalled client holds a thread for the request timeout
+// at most, and there are threads to spare.
+TEST(ExporterTest, StalledClientsDoNotStopAScrape) {
+  MetricsRegistry r;
+  r.counter("meridian_test_total", "scraped").add(1);
+  auto exporter = MetricsExporter::start("127.0.0.1:0", r);
+  ASSERT_TRUE(exporter.isOk()) << exporter.status().toString();
+  const std::string endpoint = exporter.value()->endpoint();
+  const std::vector<UniqueFd> stalled = stalledClients(endpoint, kMetricsServerThreads);
+  ASSERT_FALSE(stalled.empty());
+  // Every thread may be held by a stalled client: the scrape waits one request timeout at most.
+  const TimePoint start = Clock::now();
+  EXPECT_TRUE(scrapeBy(endpoint, start + kMetricsRequestTimeout + std::chrono::seconds(10)))
+      << kMetricsServerThreads << " stalled clients stopped the scrapes";
+}
+
+TEST(ExporterTest, MoreStalledClientsThanThreadsDelayAScrapeByTheRequestTimeoutsOnly) {
+  MetricsRegistry r;
+  constexpr auto kTimeout = std::chrono::milliseconds(300);
+  auto exporter = MetricsExporter::start("127.0.0.1:0", r, kTimeout);
+  ASSERT_TRUE(exporter.isOk()) << exporter.status().toString();
+  const std::string endpoint = exporter.value()->endpoint();
+  // Three rounds of them ahead of the scrape.
+  const std::vector<UniqueFd> stalled = stalledClients(endpoint, 2 * kMetricsServerThreads + 4);
+  ASSERT_FALSE(stalled.empty());
+  EXPECT_TRUE(scrapeBy(endpoint, Clock::now() + std::chrono::seconds(10)));
+}
+
+TEST(ExporterTest, TheServerDropsARequestThatNeverEnds) {
+  MetricsRegistry r;
+  auto exporter = MetricsExporter::start("127.0.0.1:0", r, std::chrono::milliseconds(300));
+  ASSERT_TRUE(exporter.isOk()) << exporter.status().toString();
+  const std::vector<UniqueFd> stalled = stalledClients(exporter.value()->endpoint(), 1);
+  ASSERT_EQ(stalled.size(), 1u);
+  const UniqueFd& client = stalled.front();
+  timeval wait{0, 50'000};
+  ASSERT_EQ(::setsockopt(client.get(), SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait), 0);
+  // The server answers an error or nothing, then closes: recv reaches end of stream.
+  EXPECT_TRUE(testing::pollUntil(
+      [&] {
+        char buf[512];
+        const ssize_t n = ::recv(client.get(), buf, sizeof buf, 0);
+        return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+      },
+      std::chrono::seconds(10), std::chrono::milliseconds(0)))
+      << "a half request held its connection open";
 }
 
 TEST(ExporterTest, ABusyPortIsAnInvalidArgumentNamingTheAddress) {

@@ -50,8 +50,8 @@ TcpDevice::~TcpDevice() {
 Result<std::unique_ptr<TcpDevice>> TcpDevice::create(DeviceOptions options) {
   auto impl = std::make_unique<Impl>();
   MERIDIAN_RETURN_IF_ERROR(resolveKnobs(options));
-  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t maxUnexpected, readKnobInt(knobs::kMaxUnexpectedBytes, 0, INT64_MAX));
-  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t timeoutMs, readKnobInt(knobs::kTimeoutMs, 1, INT64_MAX));
+  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t maxUnexpected, readKnobInt(knobs::kMaxUnexpectedBytes));
+  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t timeoutMs, readKnobInt(knobs::kTimeoutMs));
   impl->maxUnexpectedBytes = static_cast<std::uint64_t>(maxUnexpected);
   impl->unclaimedTimeout = std::chrono::milliseconds(timeoutMs);
   if (options.tcp.streamsPerPath > 16) return invalidArgument("at most 16 streams per path, not {}", options.tcp.streamsPerPath);
