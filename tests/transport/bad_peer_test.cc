@@ -202,3 +202,49 @@ TEST(BadPeerTest, AckForAChunkNeverSentIsRefused) {
 
 }  // namespace
 }  // namespace meridian::transport::tcp
+
+namespace meridian::transport::tcp {
+namespace {
+
+// A client that holds the job secret connects claiming to be a rank whose channel is already
+// complete (same session, path and stream): it is refused, whatever it then sends breaks
+// nothing, and the real channel carries on both ways.
+TEST(BadPeerTest, AnExtraConnectionClaimingALiveRankIsRefusedAndTheChannelGoesOn) {
+  auto victim = device("v");
+  auto real = device("r");
+  const std::uint64_t session = 91;
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  Result<ChannelPtr> vc = internalError("not run");
+  std::thread t([&] { vc = victim->openChannel({session, 0, 1, false, real->endpoint()}, deadline); });
+  auto rc = real->openChannel({session, 1, 0, true, victim->endpoint()}, deadline);
+  t.join();
+  ASSERT_TRUE(rc.isOk() && vc.isOk());
+
+  auto hp = parseHostPort(victim->listenAddresses()[0]).value();
+  auto fd = connectTo(hp, "", deadline);
+  ASSERT_TRUE(fd.isOk());
+  ConnectInfo info;
+  info.sessionId = session;
+  info.rank = 1;  // the real peer's rank, path 0, stream 0 of 1: all taken
+  info.pathCount = 1;
+  ASSERT_TRUE(clientHandshake(fd->get(), kSecret, WireSecurity::kOff, info, deadline).isOk());
+  std::vector<std::uint8_t> junk(4096, 0xa5);
+  (void)sendAll(fd->get(), junk.data(), junk.size(), deadline);  // a bad frame, if it were attached
+  std::uint8_t c = 0;
+  EXPECT_LE(::recv(fd->get(), &c, 1, 0), 0) << "the victim must close the extra connection";
+
+  for (int dir = 0; dir < 2; ++dir) {
+    ChannelPtr& from = dir == 0 ? rc.value() : vc.value();
+    ChannelPtr& to = dir == 0 ? vc.value() : rc.value();
+    std::vector<int> in(5000), out(5000);
+    for (int i = 0; i < 5000; ++i) in[i] = i * 7 + dir;
+    auto r = to->irecv(out.data(), out.size() * sizeof(int), 9).value();
+    auto s = from->isend(in.data(), in.size() * sizeof(int), 9).value();
+    ASSERT_TRUE(s->wait(deadline).isOk()) << s->status().toString();
+    ASSERT_TRUE(r->wait(deadline).isOk()) << r->status().toString();
+    EXPECT_EQ(in, out) << "direction " << dir;
+  }
+}
+
+}  // namespace
+}  // namespace meridian::transport::tcp

@@ -120,8 +120,8 @@ void TcpDevice::Impl::claimStreams() {
       // A new relay replaces what is left of the old one: dead streams, or a complete set
       // the peer has given up on (it opens a relay only while its slot is down).
       auto& v = match->streams[path];
-      const auto live = std::count_if(v.begin(), v.end(), [](const auto& s) { return !s->dead; });
-      if (live > 0 && live >= match->expectedStreams[path]) {
+      const std::size_t live = match->liveStreamCount(path);
+      if (live > 0 && live >= static_cast<std::size_t>(match->expectedStreams[path])) {
         failPath(*match, path, pathError("relay replaced by a new one"), true);
       }
       if (std::none_of(v.begin(), v.end(), [](const auto& s) { return !s->dead; })) {
@@ -130,6 +130,17 @@ void TcpDevice::Impl::claimStreams() {
       }
     }
     if (match->expectedStreams[path] == 0) match->expectedStreams[path] = it->info.streamCount;
+    if (!relayStream && match->liveStreamCount(path) >= static_cast<std::size_t>(match->expectedStreams[path])) {
+      // Every stream the peer said it would open is here: another connection claiming to be
+      // that rank is not one of them (a second client with the secret, or a replayed
+      // connect). Refused, so that nothing it sends can touch the channel.
+      MLOG_WARN(kTransport,
+                "refused an extra connection claiming rank {} path {} (session {:x}) from {}: the path has all its {} "
+                "stream(s)",
+                it->info.rank, path, it->info.sessionId, peerAddress(it->fd.get()), match->expectedStreams[path]);
+      it = unclaimed.erase(it);
+      continue;
+    }
     attachStream(*match, std::move(it->fd), path, it->keys);
     it = unclaimed.erase(it);
     if (relayStream) {

@@ -187,8 +187,10 @@ struct ChannelEntry {
   bool usable() const { return ready && !engine->failed(); }
   // The channel's path index of fabric path 0 (the fabric paths follow the stream paths).
   std::size_t fabricBase() const { return streams.size(); }
-  bool liveStreams(std::size_t path) const {
-    return std::any_of(streams[path].begin(), streams[path].end(), [](const auto& s) { return !s->dead; });
+  bool liveStreams(std::size_t path) const { return liveStreamCount(path) > 0; }
+  std::size_t liveStreamCount(std::size_t path) const {
+    return static_cast<std::size_t>(
+        std::count_if(streams[path].begin(), streams[path].end(), [](const auto& s) { return !s->dead; }));
   }
 };
 
