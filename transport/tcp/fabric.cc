@@ -54,6 +54,14 @@ Status TcpDevice::Impl::openRails() {
     pollRails = true;
   }
   MLOG_INFO(kTransport, "TCP device {}: fabric rail {}", options.name, (*rail)->describe());
+  static std::atomic<bool> saidUnsealed{false};
+  if (*options.wireSecurity != WireSecurity::kOff && !saidUnsealed.exchange(true)) {
+    // Said once per process: the channel set-up is sealed, the fabric's payloads are not yet.
+    MLOG_WARN(kTransport,
+              "fabric paths carry chunk payloads unsealed (MERIDIAN_WIRE_SECURITY={} covers the TCP paths and the "
+              "set-up of the fabric ones): use them inside a fabric you trust, or MERIDIAN_FABRIC=off",
+              wireSecurityName(*options.wireSecurity));
+  }
   railLabels.push_back((*rail)->describeName((*rail)->name()));
   rails.push_back(std::move(rail.value()));
   return Status::ok();
