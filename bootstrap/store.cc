@@ -1,14 +1,11 @@
-// The bootstrap store: wire codec, StoreState, StoreServer and the TcpStore client.
+// The bootstrap store: wire codec, StoreState and the TcpStore client (the server is in
+// store_server.cc).
 #include "bootstrap/store.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
+#include "bootstrap/store_detail.h"
+
 #include <poll.h>
-#include <pthread.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <array>
@@ -16,7 +13,6 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
-#include <system_error>
 
 #include "core/knobs.h"
 #include "core/log.h"
@@ -27,17 +23,8 @@
 namespace meridian::bootstrap {
 namespace tcp = transport::tcp;
 
-namespace {
+namespace detail {
 
-constexpr auto kHandshakeTimeout = std::chrono::seconds(5);
-// Timeouts longer than this (~35 years) mean "no deadline".
-constexpr std::uint64_t kMaxFiniteTimeoutMs = std::uint64_t{1} << 40;
-// How long a stopping server waits for replies already being sent (~StoreServer).
-constexpr std::chrono::milliseconds kDrainTimeout{2000};
-
-bool isValidOp(std::uint8_t op) { return op >= 1 && op <= 6; }
-
-// A key as it may appear in a message: printable, escaped, and short.
 std::string printable(std::string_view key) {
   constexpr std::size_t kLimit = 80;
   std::string out;
@@ -52,6 +39,20 @@ std::string printable(std::string_view key) {
   if (key.size() > kLimit) out += fmt::format("...({} bytes)", key.size());
   return out;
 }
+
+Result<std::chrono::milliseconds> ioTimeoutFromKnob() {
+  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t ms, readKnobInt(knobs::kTimeoutMs));
+  return std::chrono::milliseconds(ms);
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::printable;
+
+// Ops a client may send (kIdleClose is the server's alone).
+bool isValidOp(std::uint8_t op) { return op >= 1 && op <= 6; }
 
 // The limits and the op's shape, checked from header fields alone (before any allocation).
 // Empty when fine, else what is wrong.
@@ -99,15 +100,6 @@ StoreByteReader bufferReader(std::span<const std::uint8_t> frame, std::size_t& o
   };
 }
 
-StoreByteReader sealedReader(tcp::SealedSocket& conn, TimePoint deadline) {
-  return [&conn, deadline](std::span<std::uint8_t> dst) { return conn.read(dst, deadline); };
-}
-
-TimePoint deadlineFromTimeoutMs(std::uint64_t timeoutMs) {
-  if (timeoutMs >= kMaxFiniteTimeoutMs) return TimePoint::max();
-  return Clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(timeoutMs));
-}
-
 std::uint64_t timeoutMsUntil(TimePoint deadline) {
   if (deadline == TimePoint::max()) return kStoreNoTimeout;
   const auto left = deadline - Clock::now();
@@ -115,53 +107,6 @@ std::uint64_t timeoutMsUntil(TimePoint deadline) {
   return static_cast<std::uint64_t>(std::chrono::ceil<std::chrono::milliseconds>(left).count());
 }
 
-Result<std::chrono::milliseconds> ioTimeoutFromKnob() {
-  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t ms, readKnobInt(knobs::kTimeoutMs));
-  return std::chrono::milliseconds(ms);
-}
-
-// Runs one request against the state; the answer carries any error for the client.
-StoreResponse execute(StoreState& state, const StoreRequest& request) {
-  StoreResponse response;
-  response.op = request.op;
-  switch (request.op) {
-    case StoreOp::kSet:
-      response.status = state.set(request.keys[0], request.value);
-      break;
-    case StoreOp::kGet: {
-      auto value = state.get(request.keys[0], deadlineFromTimeoutMs(request.timeoutMs));
-      if (value) {
-        response.value = std::move(value).value();
-      } else {
-        response.status = value.status();
-      }
-      break;
-    }
-    case StoreOp::kWait:
-      response.status = state.wait(request.keys, deadlineFromTimeoutMs(request.timeoutMs));
-      break;
-    case StoreOp::kAdd: {
-      auto sum = state.add(request.keys[0], request.delta);
-      if (sum) {
-        response.number = sum.value();
-      } else {
-        response.status = sum.status();
-      }
-      break;
-    }
-    case StoreOp::kCheck:
-    case StoreOp::kDelete: {
-      auto yes = request.op == StoreOp::kCheck ? state.check(request.keys) : state.del(request.keys[0]);
-      if (yes) {
-        response.number = yes.value() ? 1 : 0;
-      } else {
-        response.status = yes.status();
-      }
-      break;
-    }
-  }
-  return response;
-}
 
 }  // namespace
 
@@ -173,6 +118,7 @@ const char* toString(StoreOp op) {
     case StoreOp::kAdd: return "ADD";
     case StoreOp::kCheck: return "CHECK";
     case StoreOp::kDelete: return "DELETE";
+    case StoreOp::kIdleClose: return "IDLE-CLOSE";
   }
   return "?";
 }
@@ -213,39 +159,127 @@ Result<std::vector<std::uint8_t>> encodeStoreRequest(const StoreRequest& request
   return out;
 }
 
-Result<StoreRequest> readStoreRequest(const StoreByteReader& read) {
-  std::array<std::uint8_t, kStoreRequestHeaderBytes> header{};
-  MERIDIAN_RETURN_IF_ERROR(read(header).withContext("store request header"));
-  MERIDIAN_RETURN_IF_ERROR(checkPreamble(header.data(), "request"));
+std::size_t StoreRequestParser::wantBytes() const {
+  switch (step_) {
+    case Step::kHeader: return kStoreRequestHeaderBytes - fieldGot_;
+    case Step::kKeyLength: return 4 - fieldGot_;
+    case Step::kKey: return keyBytes_ - request_.keys.back().size();
+    case Step::kValue: return static_cast<std::size_t>(valueBytes_ - valueGot_);
+    case Step::kDone: return 0;
+  }
+  return 0;
+}
+
+std::string StoreRequestParser::what() const {
+  switch (step_) {
+    case Step::kHeader: return "store request header";
+    case Step::kKeyLength: return fmt::format("store request key {} length", request_.keys.size());
+    case Step::kKey: return fmt::format("store request key {}", request_.keys.size() - 1);
+    case Step::kValue: return "store request value";
+    case Step::kDone: return "store request";
+  }
+  return "store request";
+}
+
+Status StoreRequestParser::feed(std::span<const std::uint8_t> bytes) {
+  if (bytes.size() > wantBytes()) {
+    step_ = Step::kDone;
+    return internalError("store request parser: fed {} bytes where {} were due", bytes.size(), wantBytes());
+  }
+  switch (step_) {
+    case Step::kHeader:
+    case Step::kKeyLength:
+      std::memcpy(field_.data() + fieldGot_, bytes.data(), bytes.size());
+      fieldGot_ += bytes.size();
+      return wantBytes() == 0 ? fieldDone() : Status::ok();
+    case Step::kKey:
+      request_.keys.back().append(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      if (wantBytes() == 0) afterKeys();
+      return Status::ok();
+    case Step::kValue:
+      if (!discardValue_) request_.value.insert(request_.value.end(), bytes.begin(), bytes.end());
+      valueGot_ += bytes.size();
+      if (valueGot_ == valueBytes_) step_ = Step::kDone;
+      return Status::ok();
+    case Step::kDone: break;
+  }
+  return Status::ok();
+}
+
+// A header or a key length is whole: check it, then expect what it announced.
+Status StoreRequestParser::fieldDone() {
+  fieldGot_ = 0;
+  if (step_ == Step::kKeyLength) {
+    keyBytes_ = wire::load<std::uint32_t>(field_.data());
+    if (auto problem = keyProblem(keyBytes_); !problem.empty()) {
+      step_ = Step::kDone;
+      return peerError("store request {}: key {}: {}", toString(request_.op), request_.keys.size(), problem);
+    }
+    request_.keys.emplace_back();
+    request_.keys.back().reserve(keyBytes_);
+    step_ = Step::kKey;
+    if (keyBytes_ == 0) afterKeys();
+    return Status::ok();
+  }
+  step_ = Step::kDone;  // until the header passes
+  const std::uint8_t* header = field_.data();
+  MERIDIAN_RETURN_IF_ERROR(checkPreamble(header, "request"));
   const std::uint8_t opByte = header[6];
   if (!isValidOp(opByte)) return peerError("store request: unknown op {}", opByte);
   if (header[7] != 0) return peerError("store request: reserved byte is {}, expected 0", header[7]);
   const auto op = static_cast<StoreOp>(opByte);
-  const auto keyCount = wire::load<std::uint32_t>(&header[8]);
-  const auto valueBytes = wire::load<std::uint32_t>(&header[12]);
-  if (auto problem = shapeProblem(op, keyCount, valueBytes); !problem.empty()) {
+  keyCount_ = wire::load<std::uint32_t>(header + 8);
+  valueBytes_ = wire::load<std::uint32_t>(header + 12);
+  if (auto problem = shapeProblem(op, keyCount_, valueBytes_); !problem.empty()) {
     return peerError("store request {}: {}", toString(op), problem);
   }
+  request_ = StoreRequest{};
+  request_.op = op;
+  request_.timeoutMs = wire::load<std::uint64_t>(header + 16);
+  request_.delta = wire::load<std::int64_t>(header + 24);
+  request_.keys.reserve(keyCount_);
+  step_ = Step::kKeyLength;
+  if (keyCount_ == 0) afterKeys();
+  return Status::ok();
+}
 
-  StoreRequest request;
-  request.op = op;
-  request.timeoutMs = wire::load<std::uint64_t>(&header[16]);
-  request.delta = wire::load<std::int64_t>(&header[24]);
-  request.keys.reserve(keyCount);
-  for (std::uint32_t i = 0; i < keyCount; ++i) {
-    std::array<std::uint8_t, 4> lengthBytes{};
-    MERIDIAN_RETURN_IF_ERROR(read(lengthBytes).withContext(fmt::format("store request key {} length", i)));
-    const auto keyBytes = wire::load<std::uint32_t>(lengthBytes.data());
-    if (auto problem = keyProblem(keyBytes); !problem.empty()) {
-      return peerError("store request {}: key {}: {}", toString(op), i, problem);
-    }
-    std::string key(keyBytes, '\0');
-    MERIDIAN_RETURN_IF_ERROR(read(bytesOf(key)).withContext(fmt::format("store request key {}", i)));
-    request.keys.push_back(std::move(key));
+// Every key announced so far is whole: the next key's length, or the value.
+void StoreRequestParser::afterKeys() {
+  if (request_.keys.size() < keyCount_) {
+    step_ = Step::kKeyLength;
+    return;
   }
-  request.value.resize(valueBytes);
-  MERIDIAN_RETURN_IF_ERROR(read(request.value).withContext("store request value"));
-  return request;
+  valueGot_ = 0;
+  if (valueBytes_ == 0) {
+    step_ = Step::kDone;
+    return;
+  }
+  if (!discardValue_) request_.value.reserve(std::min<std::size_t>(valueBytes_, valueReserveBytes_));
+  step_ = Step::kValue;
+}
+
+StoreRequest StoreRequestParser::take() {
+  StoreRequest out = std::move(request_);
+  request_ = StoreRequest{};
+  step_ = Step::kHeader;
+  fieldGot_ = 0;
+  keyCount_ = keyBytes_ = valueBytes_ = 0;
+  valueGot_ = 0;
+  discardValue_ = false;
+  return out;
+}
+
+Result<StoreRequest> readStoreRequest(const StoreByteReader& read) {
+  // Large values come in pieces, so each read is bounded whatever the frame announced.
+  constexpr std::size_t kPieceBytes = 64 * 1024;
+  StoreRequestParser parser;
+  std::vector<std::uint8_t> piece;
+  while (!parser.done()) {
+    piece.resize(std::min(parser.wantBytes(), kPieceBytes));
+    MERIDIAN_RETURN_IF_ERROR(read(piece).withContext(parser.what()));
+    MERIDIAN_RETURN_IF_ERROR(parser.feed(piece));
+  }
+  return parser.take();
 }
 
 std::vector<std::uint8_t> encodeStoreResponse(const StoreResponse& response) {
@@ -273,7 +307,8 @@ Result<StoreResponse> readStoreResponse(const StoreByteReader& read, StoreOp exp
   std::array<std::uint8_t, kStoreResponseHeaderBytes> header{};
   MERIDIAN_RETURN_IF_ERROR(read(header).withContext("store response header"));
   MERIDIAN_RETURN_IF_ERROR(checkPreamble(header.data(), "response"));
-  if (header[6] != static_cast<std::uint8_t>(expectedOp)) {
+  const bool idleClose = header[6] == static_cast<std::uint8_t>(StoreOp::kIdleClose);
+  if (header[6] != static_cast<std::uint8_t>(expectedOp) && !idleClose) {
     return peerError("store response: answers op {} to a {} request", header[6], toString(expectedOp));
   }
   const std::uint8_t codeByte = header[7];
@@ -281,6 +316,7 @@ Result<StoreResponse> readStoreResponse(const StoreByteReader& read, StoreOp exp
     return peerError("store response: unknown status code {}", codeByte);
   }
   const auto code = static_cast<StatusCode>(codeByte);
+  if (idleClose && code == StatusCode::kOk) return peerError("store response: an idle-close notice without a reason");
   const auto payloadBytes = wire::load<std::uint32_t>(&header[8]);
   if (wire::load<std::uint32_t>(&header[12]) != 0) return peerError("store response: reserved field is not 0");
   const bool carriesValue = code == StatusCode::kOk && expectedOp == StoreOp::kGet;
@@ -291,7 +327,7 @@ Result<StoreResponse> readStoreResponse(const StoreByteReader& read, StoreOp exp
   }
 
   StoreResponse response;
-  response.op = expectedOp;
+  response.op = idleClose ? StoreOp::kIdleClose : expectedOp;
   response.number = wire::load<std::int64_t>(&header[16]);
   if (code == StatusCode::kOk) {
     response.value.resize(payloadBytes);
@@ -347,13 +383,54 @@ StoreState::WaitOutcome StoreState::waitLocked(std::unique_lock<std::mutex>& loc
   return outcome;
 }
 
+Status StoreState::putLocked(const std::string& key, std::vector<std::uint8_t> value, const char* op) {
+  auto it = values_.find(key);
+  const std::uint64_t before = it == values_.end() ? 0 : key.size() + it->second.size();
+  const std::uint64_t after = key.size() + value.size();
+  if (after > before && heldBytes_ + reservedBytes_ + (after - before) > maxBytes_) {
+    return invalidArgument(
+        "store {} '{}': {} more bytes would take the store past its budget of {} bytes (MERIDIAN_STORE_MAX_BYTES; "
+        "{} held, {} promised to values still arriving)",
+        op, printable(key), after - before, maxBytes_, heldBytes_, reservedBytes_);
+  }
+  heldBytes_ = heldBytes_ - before + after;
+  values_.insert_or_assign(key, std::move(value));
+  return Status::ok();
+}
+
 Status StoreState::set(const std::string& key, std::span<const std::uint8_t> value) {
   {
     std::lock_guard lock(mu_);
-    values_.insert_or_assign(key, std::vector<std::uint8_t>(value.begin(), value.end()));
+    MERIDIAN_RETURN_IF_ERROR(putLocked(key, std::vector<std::uint8_t>(value.begin(), value.end()), "SET"));
   }
   cv_.notify_all();
   return Status::ok();
+}
+
+Status StoreState::reserve(std::uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  if (heldBytes_ + reservedBytes_ + bytes > maxBytes_) {
+    return invalidArgument("it does not fit the store's budget of {} bytes (MERIDIAN_STORE_MAX_BYTES; {} held, {} in "
+                           "values arriving)",
+                           maxBytes_, heldBytes_, reservedBytes_);
+  }
+  reservedBytes_ += bytes;
+  return Status::ok();
+}
+
+bool StoreState::fits(std::uint64_t bytes) const {
+  std::lock_guard lock(mu_);
+  return heldBytes_ + reservedBytes_ + bytes <= maxBytes_;
+}
+
+void StoreState::release(std::uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  reservedBytes_ -= std::min(bytes, reservedBytes_);
+}
+
+std::uint64_t StoreState::bytesHeld() const {
+  std::lock_guard lock(mu_);
+  return heldBytes_;
 }
 
 Result<std::vector<std::uint8_t>> StoreState::get(const std::string& key, TimePoint deadline) {
@@ -401,7 +478,7 @@ Result<std::int64_t> StoreState::add(const std::string& key, std::int64_t delta)
       return invalidArgument("store ADD '{}': {} + {} overflows int64", printable(key), current, delta);
     }
     const std::string text = std::to_string(sum);
-    values_.insert_or_assign(key, std::vector<std::uint8_t>(text.begin(), text.end()));
+    MERIDIAN_RETURN_IF_ERROR(putLocked(key, std::vector<std::uint8_t>(text.begin(), text.end()), "ADD"));
   }
   cv_.notify_all();
   return sum;
@@ -414,7 +491,11 @@ Result<bool> StoreState::check(const std::vector<std::string>& keys) {
 
 Result<bool> StoreState::del(const std::string& key) {
   std::lock_guard lock(mu_);
-  return values_.erase(key) > 0;
+  auto it = values_.find(key);
+  if (it == values_.end()) return false;
+  heldBytes_ -= key.size() + it->second.size();
+  values_.erase(it);
+  return true;
 }
 
 void StoreState::shutdown() {
@@ -435,222 +516,9 @@ std::size_t StoreState::keyCount() const {
   return values_.size();
 }
 
-// ---- StoreServer -------------------------------------------------------------------
-
-namespace {
-
-// A store thread's body: nothing leaves the thread. What escapes is logged once, here; the
-// thread ends (the accept thread: no new clients; a client's: that client is dropped).
-template <typename Body>
-void storeThread(const char* what, Body&& body) {
-  try {
-    body();
-  } catch (const std::exception& e) {
-    MLOG_ERROR(kCollectives, "store: {} stopped: {}", what, e.what());
-  }
-}
-
-// Why `fd` cannot be a store's listening socket on `expectedPort` (0: any), or "" when it can.
-std::string whyNotAListeningTcpSocket(int fd, std::uint16_t expectedPort) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) return fmt::format("descriptor {} is not open: {}", fd, errnoText(errno));
-  if (!S_ISSOCK(st.st_mode)) return fmt::format("descriptor {} is not a socket", fd);
-  auto option = [fd](int name) {
-    int value = -1;
-    socklen_t len = sizeof value;
-    return ::getsockopt(fd, SOL_SOCKET, name, &value, &len) == 0 ? value : -1;
-  };
-  if (option(SO_DOMAIN) != AF_INET || option(SO_TYPE) != SOCK_STREAM || option(SO_PROTOCOL) != IPPROTO_TCP) {
-    return fmt::format("descriptor {} is not an IPv4 TCP socket", fd);
-  }
-  if (option(SO_ACCEPTCONN) != 1) return fmt::format("descriptor {} is a TCP socket that is not listening", fd);
-  sockaddr_in addr{};
-  socklen_t len = sizeof addr;
-  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    return fmt::format("descriptor {}: getsockname: {}", fd, errnoText(errno));
-  }
-  if (expectedPort != 0 && ntohs(addr.sin_port) != expectedPort) {
-    return fmt::format("descriptor {} listens on port {}, not the store's {}", fd, ntohs(addr.sin_port), expectedPort);
-  }
-  return {};
-}
-
-}  // namespace
-
-Result<std::unique_ptr<StoreServer>> StoreServer::start(const std::string& bindIp, std::uint16_t port,
-                                                        std::string secret) {
-  auto listenFd = tcp::listenOn(bindIp, port, /*nonBlocking=*/true);
-  if (!listenFd) return listenFd.status().withContext("store server");
-  return serve(std::move(listenFd).value(), std::move(secret));
-}
-
-Result<std::unique_ptr<StoreServer>> StoreServer::adopt(int listeningFd, std::uint16_t expectedPort, std::string secret) {
-  if (std::string why = whyNotAListeningTcpSocket(listeningFd, expectedPort); !why.empty()) {
-    return invalidArgument("store server: cannot adopt an inherited socket: {}", why);
-  }
-  UniqueFd fd(listeningFd);
-  const int flags = ::fcntl(fd.get(), F_GETFL);
-  if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags | O_NONBLOCK) != 0 || ::fcntl(fd.get(), F_SETFD, FD_CLOEXEC) != 0) {
-    return internalError("store server: cannot set up the inherited socket: {}", errnoText(errno));
-  }
-  return serve(std::move(fd), std::move(secret));
-}
-
-Result<std::unique_ptr<StoreServer>> StoreServer::serve(UniqueFd listenFd, std::string secret) {
-  MERIDIAN_ASSIGN_OR_RETURN(const std::chrono::milliseconds ioTimeout, ioTimeoutFromKnob());
-  MERIDIAN_ASSIGN_OR_RETURN(const WireSecurity mode, wireSecurityFromKnob());
-  UniqueFd wakeFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!wakeFd.valid()) return internalError("store server: eventfd: {}", std::strerror(errno));
-  auto server = std::make_unique<StoreServer>(PrivateTag{}, std::move(listenFd), std::move(wakeFd),
-                                              std::move(secret), ioTimeout);
-  server->mode_ = mode;
-  try {
-    server->acceptThread_ =
-        std::thread([s = server.get()] { storeThread("accept thread", [s] { s->acceptLoop(); }); });
-  } catch (const std::system_error& e) {
-    return internalError("store server: cannot start the accept thread: {}", e.what());
-  }
-  MLOG_INFO(kCollectives, "store: listening on {}", tcp::localAddress(server->listenFd_.get()));
-  return server;
-}
-
-StoreServer::StoreServer(PrivateTag, UniqueFd listenFd, UniqueFd wakeFd, std::string secret,
-                         std::chrono::milliseconds ioTimeout)
-    : listenFd_(std::move(listenFd)), wakeFd_(std::move(wakeFd)), secret_(std::move(secret)), ioTimeout_(ioTimeout) {
-  sockaddr_in addr{};
-  socklen_t len = sizeof(addr);
-  if (::getsockname(listenFd_.get(), reinterpret_cast<sockaddr*>(&addr), &len) == 0) port_ = ntohs(addr.sin_port);
-}
-
-StoreServer::~StoreServer() {
-  stopping_.store(true);
-  const std::uint64_t one = 1;
-  if (::write(wakeFd_.get(), &one, sizeof(one)) < 0) {
-    MLOG_ERROR(kCollectives, "store: cannot wake the accept thread: {}", std::strerror(errno));
-  }
-  if (acceptThread_.joinable()) acceptThread_.join();
-  // No client is added from here on. Wake every client thread wherever it blocks: in
-  // the state (GET/WAIT) or on its socket; then wait for all of them.
-  state_.shutdown();
-  // A request already taken in is answered before its socket is shut: the usual end of a job
-  // is rank 0 leaving the moment the last rank's "done" SET lands, and that SET's reply is
-  // still on its way (a GET or WAIT woken by the shutdown just above answers with its error).
-  // A client that does not read its reply holds this up for kDrainTimeout at most.
-  const TimePoint drainDeadline = Clock::now() + kDrainTimeout;
-  for (auto& client : clients_) {
-    while (client->answering.load() && !client->done.load() && Clock::now() < drainDeadline) {
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-  }
-  for (auto& client : clients_) ::shutdown(client->fd.get(), SHUT_RDWR);
-  for (auto& client : clients_) {
-    if (client->thread.joinable()) client->thread.join();
-  }
-  clients_.clear();
-  MLOG_INFO(kCollectives, "store: stopped (port {})", port_);
-}
-
-void StoreServer::reapFinishedClients() {
-  for (auto it = clients_.begin(); it != clients_.end();) {
-    if ((*it)->done.load(std::memory_order_acquire)) {
-      (*it)->thread.join();
-      it = clients_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
-
-void StoreServer::acceptLoop() {
-  pthread_setname_np(pthread_self(), "mer-store-acc");
-  while (!stopping_.load()) {
-    std::array<pollfd, 2> fds{pollfd{listenFd_.get(), POLLIN, 0}, pollfd{wakeFd_.get(), POLLIN, 0}};
-    if (::poll(fds.data(), fds.size(), -1) < 0) {
-      if (errno == EINTR) continue;
-      MLOG_ERROR(kCollectives, "store: poll on the listening socket failed: {}; no new clients", std::strerror(errno));
-      return;
-    }
-    if (stopping_.load() || fds[1].revents != 0) return;
-    if (fds[0].revents == 0) continue;
-    const int fd = ::accept4(listenFd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) {
-      const int err = errno;
-      if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR || err == ECONNABORTED || err == EPROTO) continue;
-      MLOG_WARN(kCollectives, "store: accept: {}", std::strerror(err));
-      if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let descriptors or memory free up
-        continue;
-      }
-      return;
-    }
-    reapFinishedClients();
-    auto client = std::make_unique<Client>();
-    client->fd = UniqueFd(fd);
-    Client& ref = *client;
-    try {
-      client->thread = std::thread([this, &ref] {
-        storeThread("client thread", [this, &ref] { serveClient(ref); });
-        ref.done.store(true, std::memory_order_release);  // also when serveClient did not get to it
-      });
-    } catch (const std::system_error& e) {
-      MLOG_WARN(kCollectives, "store: cannot start a client thread, dropping the client: {}", e.what());
-      continue;
-    }
-    clients_.push_back(std::move(client));
-  }
-}
-
-void StoreServer::serveClient(Client& client) {
-  pthread_setname_np(pthread_self(), "mer-store-cli");
-  const int fd = client.fd.get();
-  const std::string peer = tcp::peerAddress(fd);
-  auto info = tcp::serverHandshake(fd, secret_, mode_, Clock::now() + kHandshakeTimeout);
-  if (!info) {
-    if (!stopping_.load()) {
-      MLOG_WARN(kCollectives, "store: refused connection from {} (no valid job-secret handshake): {}", peer,
-                info.status().toString());
-    }
-  } else if (info->info.kind != tcp::ConnectionKind::kStore) {
-    MLOG_WARN(kCollectives, "store: refused connection from {}: it is not a store connection (kind {})", peer,
-              static_cast<int>(info->info.kind));
-  } else {
-    tcp::SealedSocket conn(fd, info->keys);
-    MLOG_DEBUG(kCollectives, "store: client {} connected", peer);
-    while (!stopping_.load()) {
-      // Wait for the next frame without a deadline: a close here is an orderly goodbye.
-      std::uint8_t probe = 0;
-      const ssize_t n = ::recv(fd, &probe, 1, MSG_PEEK);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        MLOG_DEBUG(kCollectives, "store: client {} disconnected", peer);
-        break;
-      }
-      auto request = readStoreRequest(sealedReader(conn, Clock::now() + ioTimeout_));
-      if (!request) {
-        if (!stopping_.load()) MLOG_WARN(kCollectives, "store: dropping client {}: {}", peer, request.status().toString());
-        break;
-      }
-      client.answering.store(true);  // before the request takes effect: see ~StoreServer
-      const std::vector<std::uint8_t> reply = encodeStoreResponse(execute(state_, request.value()));
-      Status sent = conn.send(reply, Clock::now() + ioTimeout_);
-      client.answering.store(false);
-      if (!sent) {
-        if (!stopping_.load()) MLOG_WARN(kCollectives, "store: dropping client {}: {}", peer, sent.toString());
-        break;
-      }
-    }
-  }
-  // The peer sees EOF now; the descriptor is closed when this thread is joined. (A peer
-  // that is gone already makes it fail with ENOTCONN: nothing to do then.)
-  (void)::shutdown(fd, SHUT_RDWR);
-  client.done.store(true, std::memory_order_release);
-}
-
 // ---- TcpStore ----------------------------------------------------------------------
 
-Result<std::unique_ptr<TcpStore>> TcpStore::connect(const std::string& hostPort, std::string secret,
-                                                    TimePoint deadline) {
-  MERIDIAN_ASSIGN_OR_RETURN(const std::chrono::milliseconds ioTimeout, ioTimeoutFromKnob());
+Result<TcpStore::Dialed> TcpStore::dial(const std::string& hostPort, const std::string& secret, TimePoint deadline) {
   MERIDIAN_ASSIGN_OR_RETURN(const tcp::HostPort remote, tcp::parseHostPort(hostPort));
   auto fd = tcp::connectTo(remote, /*localIp=*/"", deadline);
   if (!fd) return fd.status().withContext(fmt::format("store at {}", hostPort));
@@ -658,31 +526,75 @@ Result<std::unique_ptr<TcpStore>> TcpStore::connect(const std::string& hostPort,
   info.kind = tcp::ConnectionKind::kStore;
   MERIDIAN_ASSIGN_OR_RETURN(const WireSecurity mode, wireSecurityFromKnob());
   auto keys = tcp::clientHandshake(fd->get(), secret, mode, info, deadline);
-  if (!keys) {
-    return keys.status().withContext(
-        fmt::format("store at {}: authentication failed (every rank must hold the same job secret)", hostPort));
-  }
-  return std::make_unique<TcpStore>(PrivateTag{}, std::move(fd).value(), keys.value(), hostPort, ioTimeout);
+  // A timeout says "timed out waiting for the handshake"; a wrong secret says "job secret";
+  // a connection the server closed says that. None is blamed on another.
+  if (!keys) return keys.status().withContext(fmt::format("store at {}", hostPort));
+  return Dialed{std::move(fd).value(), keys.value()};
 }
 
-TcpStore::TcpStore(PrivateTag, UniqueFd fd, const tcp::SessionKeys& keys, std::string address,
+Result<std::unique_ptr<TcpStore>> TcpStore::connect(const std::string& hostPort, std::string secret,
+                                                    TimePoint deadline) {
+  MERIDIAN_ASSIGN_OR_RETURN(const std::chrono::milliseconds ioTimeout, detail::ioTimeoutFromKnob());
+  MERIDIAN_ASSIGN_OR_RETURN(Dialed dialed, dial(hostPort, secret, deadline));
+  return std::make_unique<TcpStore>(PrivateTag{}, std::move(dialed.fd), dialed.keys, hostPort, std::move(secret),
+                                    ioTimeout);
+}
+
+TcpStore::TcpStore(PrivateTag, UniqueFd fd, const tcp::SessionKeys& keys, std::string address, std::string secret,
                    std::chrono::milliseconds ioTimeout)
-    : fd_(std::move(fd)), conn_(fd_.get(), keys), address_(std::move(address)), ioTimeout_(ioTimeout) {}
+    : fd_(std::move(fd)),
+      conn_(std::make_unique<tcp::SealedSocket>(fd_.get(), keys)),
+      address_(std::move(address)),
+      secret_(std::move(secret)),
+      ioTimeout_(ioTimeout) {}
 
 TimePoint TcpStore::blockingReplyDeadline(TimePoint deadline) const {
   if (deadline >= TimePoint::max() - ioTimeout_) return TimePoint::max();
   return std::max(deadline, Clock::now()) + ioTimeout_;
 }
 
+Result<bool> TcpStore::closedForIdleness() {
+  pollfd p{fd_.get(), POLLIN, 0};
+  if (::poll(&p, 1, 0) <= 0) return false;  // nothing said: the connection is as we left it
+  MERIDIAN_ASSIGN_OR_RETURN(StoreResponse note, readStoreResponse(
+      [this](std::span<std::uint8_t> dst) { return conn_->read(dst, ioDeadline()); }, StoreOp::kIdleClose));
+  if (note.op != StoreOp::kIdleClose) return peerError("the server sent an answer nobody asked for");
+  return true;
+}
+
+Status TcpStore::reconnect() {
+  MERIDIAN_ASSIGN_OR_RETURN(Dialed dialed, dial(address_, secret_, ioDeadline()));
+  conn_.reset();
+  fd_ = std::move(dialed.fd);
+  conn_ = std::make_unique<tcp::SealedSocket>(fd_.get(), dialed.keys);
+  reconnects_.fetch_add(1);
+  MLOG_DEBUG(kCollectives, "store: reconnected to {} after the server closed an idle connection", address_);
+  return Status::ok();
+}
+
+Result<StoreResponse> TcpStore::exchange(std::span<const std::uint8_t> frame, StoreOp op, TimePoint replyDeadline) {
+  MERIDIAN_RETURN_IF_ERROR(conn_->send(frame, ioDeadline()));
+  return readStoreResponse([&](std::span<std::uint8_t> dst) { return conn_->read(dst, replyDeadline); }, op);
+}
+
 Result<StoreResponse> TcpStore::roundTrip(const StoreRequest& request, TimePoint replyDeadline) {
   MERIDIAN_ASSIGN_OR_RETURN(const std::vector<std::uint8_t> frame, encodeStoreRequest(request));
   std::lock_guard lock(mu_);
   if (!broken_.isOk()) return broken_;
-  Status failure = conn_.send(frame, ioDeadline());
+  // The server closes a connection idle for MERIDIAN_STORE_IDLE_TIMEOUT_MS, saying so first;
+  // nothing sent after that notice was executed, so the request goes again on a new one.
+  Result<bool> idle = closedForIdleness();
+  Status failure = idle.status();
+  if (idle.isOk() && idle.value()) failure = reconnect();
   if (failure) {
-    auto response = readStoreResponse(sealedReader(conn_, replyDeadline), request.op);
-    if (response) return response;
-    failure = response.status();
+    auto response = exchange(frame, request.op, replyDeadline);
+    if (response && response->op == StoreOp::kIdleClose) {
+      failure = reconnect();
+      if (failure) response = exchange(frame, request.op, replyDeadline);
+      if (response && response->op == StoreOp::kIdleClose) response = peerError("closed for idleness twice in a row");
+    }
+    if (failure && response) return response;
+    if (failure) failure = response.status();
   }
   // The stream may be mid-frame now: never reuse it.
   failure = failure.withContext(fmt::format("store {} at {}", toString(request.op), address_));

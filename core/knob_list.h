@@ -39,6 +39,15 @@
   INT(kStoreFd, "MERIDIAN_STORE_FD", "-1", -1, INT32_MAX,                                           \
     "Set by the --ranks launchers for rank 0 only: an inherited socket already listening on "       \
     "MERIDIAN_STORE's port, which rank 0's store adopts instead of binding the port again.")        \
+  INT(kStoreMaxValueBytes, "MERIDIAN_STORE_MAX_VALUE_BYTES", "67108864", 0, 64 << 20,                \
+    "Largest value the bootstrap store takes in one SET, in bytes; a larger one is refused with "   \
+    "an error (the connection stays usable).")                                                      \
+  INT(kStoreMaxBytes, "MERIDIAN_STORE_MAX_BYTES", "268435456", 1 << 20, INT64_C(1) << 40,           \
+    "Budget of the bootstrap store, in bytes: its keys and values plus the values of SETs still "   \
+    "arriving; a SET beyond it is refused with an error.")                                          \
+  INT(kStoreIdleTimeoutMs, "MERIDIAN_STORE_IDLE_TIMEOUT_MS", "300000", 10, INT32_MAX,              \
+    "The store closes an authenticated connection that moved no byte for this long, in "           \
+    "milliseconds (not one blocked in GET or WAIT); its client reconnects when it next calls.")     \
   STRING(kPaths, "MERIDIAN_PATHS", "",                                                              \
     "Comma-separated local IPv4 addresses, one per network path; empty means the address that "     \
     "reaches the store.")                                                                           \

@@ -116,6 +116,7 @@ StoreRequest sampleRequest(StoreOp op) {
     case StoreOp::kAdd: r.delta = -42; break;
     case StoreOp::kCheck: r.keys = {"x", "y"}; break;
     case StoreOp::kDelete: break;
+    case StoreOp::kIdleClose: break;  // the server's notice, never a request
   }
   return r;
 }

@@ -4,11 +4,21 @@
 namespace meridian::transport::tcp {
 
 void TcpDevice::Impl::acceptAll(std::size_t listenerIndex) {
+  PendingConnections& tracker = *pending[listenerIndex];
   while (true) {
     int fd = ::accept4(listeners[listenerIndex].get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        MLOG_WARN(kTransport, "accept on {}: {}", listenAddrs[listenerIndex], errnoText(errno));
+      const int err = errno;
+      if (err != EAGAIN && err != EWOULDBLOCK && err != EINTR) {
+        MLOG_LIMITED(refusedLog, kTransport, warn, "accept on {}: {}", listenAddrs[listenerIndex], errnoText(err));
+      }
+      if (err == EMFILE || err == ENFILE) {  // out of descriptors: the oldest pending handshake makes room
+        bool freed = false;
+        for (int victim : tracker.expire(tracker.nextDeadline())) {
+          epollDel(victim);
+          freed = handshakes.erase(victim) > 0 || freed;
+        }
+        if (freed) continue;
       }
       return;
     }
@@ -16,12 +26,35 @@ void TcpDevice::Impl::acceptAll(std::size_t listenerIndex) {
                                                  [this](const ConnectInfo& info) { return admit(info); });
     hs->fd.reset(fd);
     hs->peer = peerAddress(fd);
-    hs->deadline = Clock::now() + kHandshakeTimeout;
+    const PendingConnections::Admitted admitted = tracker.admit(fd, peerIpv4(fd), Clock::now());
+    hs->tracker = &tracker;
+    hs->trackedFd = fd;
+    hs->deadline = admitted.deadline;
+    if (auto evicted = handshakes.find(admitted.evictedFd); evicted != handshakes.end()) {
+      MLOG_LIMITED(evictedLog, kTransport, warn, "closed a pending connection from {} on {}: {} (at most {} per address, {} in all)",
+                   evicted->second->peer, listenAddrs[listenerIndex], toString(admitted.why),
+                   tracker.limits().perSource, tracker.limits().perListener);
+      epollDel(admitted.evictedFd);
+      handshakes.erase(evicted);
+    }
     if (Status st = epollSet(fd, EPOLLIN, true); !st.isOk()) {
-      MLOG_WARN(kTransport, "dropping a connection from {}: {}", hs->peer, st.message());
-      continue;  // hs closes the fd
+      MLOG_LIMITED(refusedLog, kTransport, warn, "dropping a connection from {}: {}", hs->peer, st.message());
+      continue;  // hs closes the fd and leaves the tracker
     }
     handshakes[fd] = std::move(hs);
+  }
+}
+
+void TcpDevice::Impl::expireHandshakes(TimePoint now) {
+  for (auto& tracker : pending) {
+    for (int fd : tracker->expire(now)) {
+      auto it = handshakes.find(fd);
+      if (it == handshakes.end()) continue;
+      MLOG_LIMITED(timedOutLog, kTransport, warn, "refused connection from {}: timed out waiting for the handshake ({} s)",
+                   it->second->peer, std::chrono::duration_cast<std::chrono::seconds>(kHandshakeTimeout).count());
+      epollDel(fd);
+      handshakes.erase(it);
+    }
   }
 }
 
@@ -35,7 +68,7 @@ Status TcpDevice::Impl::admit(const ConnectInfo& info) {
 
 void TcpDevice::Impl::stepHandshake(PendingHandshake& hs, std::uint32_t events) {
   auto drop = [&](const std::string& why) {
-    MLOG_WARN(kTransport, "refused connection from {}: {}", hs.peer, why);
+    MLOG_LIMITED(refusedLog, kTransport, warn, "refused connection from {}: {}", hs.peer, why);
     epollDel(hs.fd.get());
     handshakes.erase(hs.fd.get());  // destroys hs
   };

@@ -27,6 +27,7 @@
 #include "core/fd.h"
 #include "core/knobs.h"
 #include "core/log.h"
+#include "core/log_limit.h"
 #include "core/wire.h"
 #include "transport/engine.h"
 #include "transport/fabric/link.h"
@@ -34,6 +35,7 @@
 #include "transport/tcp/direct_read.h"
 #include "transport/tcp/endpoint.h"
 #include "transport/tcp/handshake.h"
+#include "transport/tcp/pending.h"
 #include "transport/tcp/socket.h"
 #include "transport/tcp/splice.h"
 #include "transport/tcp/tcp_device.h"
@@ -55,6 +57,10 @@ inline constexpr std::uint32_t kUrgentAckChunkBytes = 64 * 1024;
 inline constexpr std::int64_t kAckDelayUs = 200;
 inline constexpr std::size_t kAckBatchBytes = 32 * kFrameHeaderBytes;
 inline constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
+// Connections still in the handshake, per listener and per source address (pending.h: past
+// either cap the oldest such connection is closed to make room).
+inline constexpr std::size_t kMaxPendingPerListener = 256;
+inline constexpr std::size_t kMaxPendingPerSource = 32;
 // Relays this device carries for others: each holds two buffers of kSpliceBufferBytes.
 inline constexpr std::size_t kMaxSplices = 64;
 inline constexpr std::size_t kSpliceBufferBytes = 256 * 1024;
@@ -74,10 +80,18 @@ inline ConnectInfo dataStreamInfo(std::uint64_t sessionId, int rank, std::size_t
 }
 
 
-// An accepted connection still in the server side of the handshake.
+// An accepted connection still in the server side of the handshake; counted by its
+// listener's PendingConnections until it is destroyed.
 struct PendingHandshake {
   PendingHandshake(std::string secret, WireSecurity mode, ServerHandshake::Admit admit)
       : machine(std::move(secret), mode, std::move(admit)) {}
+  ~PendingHandshake() {
+    if (tracker != nullptr) tracker->remove(trackedFd);
+  }
+  PendingHandshake(const PendingHandshake&) = delete;
+  PendingHandshake& operator=(const PendingHandshake&) = delete;
+  PendingConnections* tracker = nullptr;
+  int trackedFd = -1;  // the number tracker knows it by (fd may have moved on by now)
   UniqueFd fd;
   std::string peer;
   TimePoint deadline;
@@ -260,6 +274,10 @@ struct TcpDevice::Impl {
   std::chrono::milliseconds unclaimedTimeout{0};
   std::vector<UniqueFd> listeners;
   std::vector<std::string> listenAddrs;
+  // Per listener: its connections still in the handshake (caps, deadlines; pending.h).
+  std::vector<std::unique_ptr<PendingConnections>> pending;
+  // Lines an outsider can provoke, a few a second per reason (core/log_limit.h).
+  LogRateLimiter refusedLog, timedOutLog, evictedLog;
   EndpointName endpointName;  // listenAddrs, encoded (endpoint.h)
   std::vector<std::string> localIps;
   // Same-host direct reads per (session, peer), from joinGroup or planDirectRead.
@@ -352,6 +370,8 @@ struct TcpDevice::Impl {
   bool processEvents(const epoll_event* events, int n);
   void acceptAll(std::size_t listenerIndex);
   void stepHandshake(PendingHandshake& hs, std::uint32_t events);
+  // Closes the handshakes whose deadline passed.
+  void expireHandshakes(TimePoint now);
   // Whether an authenticated client may have what it asks for (ServerHandshake::Admit).
   Status admit(const ConnectInfo& info);
   void claimStreams();

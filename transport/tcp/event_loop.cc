@@ -141,15 +141,7 @@ void TcpDevice::Impl::runRounds(epoll_event* events) {
     processEvents(events, std::max(n, 0));
     // Expire handshakes and streams nobody claimed.
     TimePoint now = Clock::now();
-    for (auto it = handshakes.begin(); it != handshakes.end();) {
-      auto next = std::next(it);
-      if (it->second->deadline < now) {
-        MLOG_WARN(kTransport, "refused connection from {}: handshake timed out", it->second->peer);
-        epollDel(it->first);
-        handshakes.erase(it);
-      }
-      it = next;
-    }
+    expireHandshakes(now);
     std::erase_if(unclaimed, [&](const UnclaimedStream& u) {
       if (u.deadline >= now) return false;
       MLOG_WARN(kTransport, "closing a stream from rank {} (session {:x}) that no channel claimed", u.info.rank,

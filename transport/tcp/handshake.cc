@@ -237,20 +237,32 @@ SessionKeys deriveSessionKeys(std::string_view secret, const Transcript& transcr
   return k;
 }
 
+namespace {
+// A failed send or receive of handshake step `step`: a deadline is a timeout, said as such
+// (never blamed on the secret); anything else keeps its code.
+Status handshakeIo(const Status& st, const char* step) {
+  if (st.isOk()) return st;
+  if (st.code() == StatusCode::kTimeout) {
+    return timeoutError("timed out waiting for the handshake ({}): {}", step, st.message());
+  }
+  return st.withContext(fmt::format("handshake ({})", step));
+}
+}  // namespace
+
 Result<SessionKeys> clientHandshake(int fd, std::string_view secret, WireSecurity mode, const ConnectInfo& info,
                                     TimePoint deadline) {
   Nonce nc = freshNonce();
   auto hello = encodeHello(nc, mode);
   Transcript transcript(hello.begin(), hello.end());
-  MERIDIAN_RETURN_IF_ERROR(sendAll(fd, hello.data(), hello.size(), deadline));
+  MERIDIAN_RETURN_IF_ERROR(handshakeIo(sendAll(fd, hello.data(), hello.size(), deadline), "sending the hello"));
   std::array<std::uint8_t, kChallengeBytes> ch{};
-  MERIDIAN_RETURN_IF_ERROR(recvAll(fd, ch.data(), ch.size(), deadline).withContext("handshake"));
+  MERIDIAN_RETURN_IF_ERROR(handshakeIo(recvAll(fd, ch.data(), ch.size(), deadline), "the server's challenge"));
   auto ns = verifyChallenge(secret, transcript, mode, ch);
   if (!ns) return ns.status();
   auto auth = encodeAuth(secret, transcript, info);
-  MERIDIAN_RETURN_IF_ERROR(sendAll(fd, auth.data(), auth.size(), deadline));
+  MERIDIAN_RETURN_IF_ERROR(handshakeIo(sendAll(fd, auth.data(), auth.size(), deadline), "sending the proof"));
   std::array<std::uint8_t, kResultBytes> res{};
-  MERIDIAN_RETURN_IF_ERROR(recvAll(fd, res.data(), res.size(), deadline).withContext("handshake"));
+  MERIDIAN_RETURN_IF_ERROR(handshakeIo(recvAll(fd, res.data(), res.size(), deadline), "the server's verdict"));
   MERIDIAN_RETURN_IF_ERROR(decodeResult(secret, transcript, res));
   return deriveSessionKeys(secret, transcript, mode, /*client=*/true);
 }
@@ -325,7 +337,7 @@ Result<ServerHandshakeResult> serverHandshake(int fd, std::string_view secret, W
   std::vector<std::uint8_t> in;
   while (!hs.finished()) {
     in.resize(hs.wantBytes());
-    MERIDIAN_RETURN_IF_ERROR(recvAll(fd, in.data(), in.size(), deadline).withContext("handshake"));
+    MERIDIAN_RETURN_IF_ERROR(handshakeIo(recvAll(fd, in.data(), in.size(), deadline), "the client's messages"));
     const std::vector<std::uint8_t> out = hs.feed(in);
     if (out.empty()) continue;
     Status sent = sendAll(fd, out.data(), out.size(), deadline);

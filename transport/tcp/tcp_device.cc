@@ -72,6 +72,8 @@ Result<std::unique_ptr<TcpDevice>> TcpDevice::create(DeviceOptions options) {
     impl->listenAddrs.push_back(localAddress(fd->get()));
     impl->localIps.push_back(ip);
     impl->listeners.push_back(std::move(fd.value()));
+    impl->pending.push_back(std::make_unique<PendingConnections>(
+        PendingLimits{kMaxPendingPerListener, kMaxPendingPerSource, kHandshakeTimeout}));
   }
   MERIDIAN_ASSIGN_OR_RETURN(impl->endpointName, encodeEndpoint(impl->listenAddrs));
   impl->options = std::move(options);
