@@ -87,17 +87,17 @@ struct RecordCipher::Ctx {
 };
 
 RecordCipher::RecordCipher(WireSecurity mode, Role role, const DirectionKey& key, std::uint64_t rekeyBytes)
-    : mode_(mode), role_(role), key_(key), rekeyBytes_(rekeyBytes) {
+    : mode_(mode), key_(key), rekeyBytes_(rekeyBytes) {
   if (mode_ == WireSecurity::kOff) return;
   ctx_ = std::make_unique<Ctx>();
   if (ctx_->c == nullptr) throw std::runtime_error("OpenSSL EVP_CIPHER_CTX_new failed");
-  check(EVP_CipherInit_ex(ctx_->c, EVP_aes_256_gcm(), nullptr, key_.key.data(), nullptr, role_ == Role::kSeal ? 1 : 0),
+  check(EVP_CipherInit_ex(ctx_->c, EVP_aes_256_gcm(), nullptr, key_.key.data(), nullptr, role == Role::kSeal ? 1 : 0),
         "AES-256-GCM init");
 }
 
 RecordCipher::~RecordCipher() = default;
 
-void RecordCipher::start(std::uint64_t length) {
+void RecordCipher::begin(std::uint64_t length) {
   if (open_) throw std::logic_error("RecordCipher: a record began before the last one finished");
   open_ = true;
   remaining_ = length;
@@ -111,8 +111,6 @@ void RecordCipher::start(std::uint64_t length) {
   int outl = 0;
   check(EVP_CipherUpdate(ctx_->c, nullptr, &outl, aad, sizeof(aad)), "GCM length");
 }
-
-void RecordCipher::begin(std::uint64_t length) { start(length); }
 
 void RecordCipher::update(const std::uint8_t* in, std::uint8_t* out, std::size_t n) {
   if (n > remaining_) throw std::logic_error("RecordCipher: more bytes than the record's length");
@@ -175,13 +173,13 @@ bool RecordCipher::finishOpen(const std::uint8_t* tag) {
 }
 
 void RecordCipher::seal(std::span<const std::uint8_t> in, std::uint8_t* out, std::uint8_t* tag) {
-  start(in.size());
+  begin(in.size());
   update(in.data(), out, in.size());
   finishSeal(tag);
 }
 
 bool RecordCipher::open(std::span<const std::uint8_t> in, std::uint8_t* out, const std::uint8_t* tag) {
-  start(in.size());
+  begin(in.size());
   update(in.data(), out, in.size());
   return finishOpen(tag);
 }

@@ -79,16 +79,10 @@ class RecordCipher {
   void update(const std::uint8_t* in, std::uint8_t* out, std::size_t n);
   void finishSeal(std::uint8_t* tag);
   bool finishOpen(const std::uint8_t* tag);
-  // Bytes sealed under the current key (tests step it with kRekeyBytes in mind).
-  std::uint64_t bytesUnderKey() const { return bytesUnderKey_; }
-  // Bytes of the current streamed record still due (0 between records).
-  std::uint64_t remaining() const { return remaining_; }
 
  private:
-  void start(std::uint64_t length);
   void finish();
   WireSecurity mode_;
-  Role role_;
   DirectionKey key_;
   struct Ctx;
   std::unique_ptr<Ctx> ctx_;

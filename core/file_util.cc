@@ -22,14 +22,12 @@ namespace {
 
 // A temporary name nobody can predict: planting a symlink there ahead of us needs the name.
 Result<std::string> temporaryNameFor(const std::string& path) {
-  std::uint8_t suffix[8];
+  std::string name = path + ".tmp.";
   try {
-    randomBytes(suffix);
+    name += randomHex(8);
   } catch (const std::exception& e) {
     return internalError("cannot draw a temporary name for {}: {}", path, e.what());
   }
-  std::string name = path + ".tmp.";
-  for (std::uint8_t b : suffix) name += fmt::format("{:02x}", b);
   return name;
 }
 

@@ -113,11 +113,7 @@ Result<int> launchLocalRanks(const LocalLaunchOptions& options) {
   }
   // Ranks launched here are all ours: without a job secret, give them a fresh random one.
   std::string secret;
-  if (!knobIsSet(knobs::kSecret) && !knobIsSet(knobs::kSecretFile)) {
-    std::uint8_t raw[32];
-    randomBytes(raw);
-    for (std::uint8_t b : raw) secret += fmt::format("{:02x}", b);
-  }
+  if (!knobIsSet(knobs::kSecret) && !knobIsSet(knobs::kSecretFile)) secret = randomHex(32);
   // Where the ranks will serve metrics (MERIDIAN_METRICS_ADDR's host, its port or the base
   // port, plus the local rank), for Prometheus to find them.
   std::unique_ptr<ScrapeTargetsFile> scrapeTargets;

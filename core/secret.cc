@@ -6,6 +6,7 @@
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -34,11 +35,7 @@ Result<std::string> readJobSecret(int worldSize) {
     if (s.empty()) return invalidArgument("MERIDIAN_SECRET_FILE='{}': the file is empty", path);
     return s;
   }
-  if (worldSize == 1) {
-    std::array<std::uint8_t, 32> raw{};
-    randomBytes(raw);
-    return fmt::format("{:02x}", fmt::join(raw, ""));
-  }
+  if (worldSize == 1) return randomHex(32);
   MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t insecure, readKnobInt(knobs::kInsecure, 0, 1));
   if (insecure == 0) {
     return invalidArgument(
@@ -80,6 +77,12 @@ void randomBytes(std::span<std::uint8_t> out) {
   if (RAND_bytes(out.data(), static_cast<int>(out.size())) != 1) {
     throw std::runtime_error("RAND_bytes failed in OpenSSL");
   }
+}
+
+std::string randomHex(std::size_t bytes) {
+  std::vector<std::uint8_t> raw(bytes);
+  randomBytes(raw);
+  return fmt::format("{:02x}", fmt::join(raw, ""));
 }
 
 }  // namespace meridian

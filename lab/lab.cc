@@ -283,11 +283,9 @@ Status labUp(const std::string& topologyFile, const UpOptions& options) {
   }
   if (Status st = saveState(s, topologyFile); !st.isOk()) return fail(st);
   {
-    std::array<std::uint8_t, 32> raw{};
-    randomBytes(raw);
     AtomicWriteOptions ownerOnly;
     ownerOnly.mode = 0600;
-    if (Status st = writeFileAtomically(s.secretFile(), fmt::format("{:02x}\n", fmt::join(raw, "")), ownerOnly); !st.isOk()) {
+    if (Status st = writeFileAtomically(s.secretFile(), randomHex(32) + "\n", ownerOnly); !st.isOk()) {
       return fail(st);
     }
   }

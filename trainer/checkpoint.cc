@@ -332,12 +332,8 @@ Result<std::string> checkpointKeyFile(const std::string& dir) {
   if (::access(path.c_str(), F_OK) == 0) return readKey();
   // Made whole under a random name, then linked into place: link() fails if another rank
   // got there first, and nobody ever reads a half-written key.
-  std::array<std::uint8_t, 32> raw{};
-  randomBytes(raw);
-  const std::string key = fmt::format("{:02x}", fmt::join(raw, ""));
-  std::array<std::uint8_t, 8> suffix{};
-  randomBytes(suffix);
-  const std::string tmp = fmt::format("{}/.checkpoint.key.{:02x}", dir, fmt::join(suffix, ""));
+  const std::string key = randomHex(32);
+  const std::string tmp = fmt::format("{}/.checkpoint.key.{}", dir, randomHex(8));
   {
     UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
     if (!fd.valid()) return invalidArgument("checkpoint key {}: {}", tmp, errnoText(errno));

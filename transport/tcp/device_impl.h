@@ -150,6 +150,7 @@ struct Stream {
   // queue in ctrl as plain frames and are sealed into `wire` (in the order they go out)
   // when no data frame is under way.
   std::vector<std::uint8_t> ctrl;
+  std::vector<std::size_t> ctrlRecords;  // the sizes of ctrl's records, in order
   std::vector<std::uint8_t> wire;
   std::size_t wireDone = 0;
   bool ctrlUrgent = false;      // an ack of a large chunk (its sender waits for it)
@@ -391,8 +392,10 @@ struct TcpDevice::Impl {
   void sayGoodbye(Stream& s);
   void attachStream(ChannelEntry& e, UniqueFd fd, std::size_t path, const SessionKeys& keys);
   void readStream(Stream& s);
-  // Queues a control frame (a header, and a payload for those that have one) on a stream.
-  void queueControl(Stream& s, std::span<const std::uint8_t> frame, bool urgent);
+  // Queues a control frame (a header, and a payload for those that have one) on a stream;
+  // each becomes its own record when sealed.
+  void queueControl(Stream& s, std::span<const std::uint8_t> header, std::span<const std::uint8_t> payload,
+                    bool urgent);
   // Seals the queued control frames into the stream's output (only between data frames).
   void sealControl(Stream& s);
   // Starts writing `s.chunk` as a frame: seals its header (and reference) records.

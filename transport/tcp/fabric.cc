@@ -82,9 +82,7 @@ void TcpDevice::Impl::sendRailNames(ChannelEntry& e) {
   h.length = static_cast<std::uint32_t>(payload->size());
   h.totalBytes = h.length;
   const auto header = encodeFrameHeader(h);
-  std::vector<std::uint8_t> frame(header.begin(), header.end());
-  frame.insert(frame.end(), payload->begin(), payload->end());
-  queueControl(*e.streams[0][0], frame, /*urgent=*/true);
+  queueControl(*e.streams[0][0], header, payload.value(), /*urgent=*/true);
   e.railNamesSent = true;
 }
 

@@ -235,7 +235,7 @@ void TcpDevice::Impl::readStream(Stream& s) {
         failChannel(e, s.path, ack.status());
         return;
       }
-      queueControl(s, encodeFrameHeader(ack.value()), ack->length >= kUrgentAckChunkBytes);
+      queueControl(s, encodeFrameHeader(ack.value()), {}, ack->length >= kUrgentAckChunkBytes);
     }
   }
 }
@@ -278,27 +278,28 @@ bool TcpDevice::Impl::readDirectChunk(Stream& s) {
   return true;
 }
 
-void TcpDevice::Impl::queueControl(Stream& s, std::span<const std::uint8_t> frame, bool urgent) {
+void TcpDevice::Impl::queueControl(Stream& s, std::span<const std::uint8_t> header,
+                                   std::span<const std::uint8_t> payload, bool urgent) {
   if (s.ctrl.empty()) s.ctrlSinceUs = nowUs();
-  s.ctrl.insert(s.ctrl.end(), frame.begin(), frame.end());
+  for (std::span<const std::uint8_t> record : {header, payload}) {
+    if (record.empty()) continue;
+    s.ctrl.insert(s.ctrl.end(), record.begin(), record.end());
+    s.ctrlRecords.push_back(record.size());
+  }
   if (urgent) s.ctrlUrgent = true;
 }
 
 void TcpDevice::Impl::sealControl(Stream& s) {
   const std::size_t tagBytes = s.tx->tagBytes();
-  for (std::size_t at = 0; at < s.ctrl.size();) {
-    // Our own frames: a header, then rail names' payload (the only control frame with one).
-    auto h = decodeFrameHeader(std::span<const std::uint8_t>(s.ctrl).subspan(at, kFrameHeaderBytes));
-    const std::size_t payload = h && h->type == FrameType::kPathNames ? h->length : 0;
-    for (std::size_t n : {kFrameHeaderBytes, payload}) {
-      if (n == 0) continue;
-      const std::size_t out = s.wire.size();
-      s.wire.resize(out + n + tagBytes);
-      s.tx->seal(std::span<const std::uint8_t>(s.ctrl).subspan(at, n), s.wire.data() + out, s.wire.data() + out + n);
-      at += n;
-    }
+  std::size_t at = 0;
+  for (std::size_t n : s.ctrlRecords) {
+    const std::size_t out = s.wire.size();
+    s.wire.resize(out + n + tagBytes);
+    s.tx->seal(std::span<const std::uint8_t>(s.ctrl).subspan(at, n), s.wire.data() + out, s.wire.data() + out + n);
+    at += n;
   }
   s.ctrl.clear();
+  s.ctrlRecords.clear();
   s.ctrlUrgent = false;
 }
 
@@ -496,7 +497,7 @@ void TcpDevice::Impl::sayGoodbye(Stream& s) {
   if (s.writing) return;
   FrameHeader close;
   close.type = FrameType::kClose;
-  queueControl(s, encodeFrameHeader(close), true);
+  queueControl(s, encodeFrameHeader(close), {}, true);
   sealControl(s);
   // Best effort: a peer that does not take it in 200 ms sees the close as abrupt.
   if (Status st = sendAll(s.fd.get(), s.wire.data() + s.wireDone, s.wire.size() - s.wireDone,
