@@ -94,6 +94,64 @@ class RecordCipher {
   bool open_ = false;
 };
 
+// Numbered records, for datagram transports (fabric paths), where messages may complete out
+// of order: the record's number travels with it instead of being implied by its position.
+// The sender numbers its records 0, 1, 2, ... and never uses a number twice; the receiver
+// checks each number against a ReplayWindow before it acts on the record. The nonce is the
+// direction's IV XOR the number, the length is authenticated, and the key is that of the
+// number's epoch (number >> kNumberedEpochShift), HKDF-Expanded from the direction's key, so
+// no key seals more than 2^kNumberedEpochShift records (at most kMaxNumberedRecordBytes each:
+// within kRekeyBytes). Modes as for RecordCipher.
+inline constexpr int kNumberedEpochShift = 12;
+inline constexpr std::uint64_t kMaxNumberedRecordBytes = kRekeyBytes >> kNumberedEpochShift;  // 16 MiB
+
+class NumberedCipher {
+ public:
+  using Role = RecordCipher::Role;
+  NumberedCipher(WireSecurity mode, Role role, const DirectionKey& key);
+  ~NumberedCipher();
+  NumberedCipher(const NumberedCipher&) = delete;
+  NumberedCipher& operator=(const NumberedCipher&) = delete;
+
+  WireSecurity mode() const { return mode_; }
+  std::size_t tagBytes() const { return mode_ == WireSecurity::kOff ? 0 : kAeadTagBytes; }
+
+  // A streamed record numbered `number` of `length` bytes (at most kMaxNumberedRecordBytes):
+  // update() as for RecordCipher, then finishSeal or finishOpen.
+  void begin(std::uint64_t number, std::uint64_t length);
+  void update(const std::uint8_t* in, std::uint8_t* out, std::size_t n);
+  void finishSeal(std::uint8_t* tag);
+  bool finishOpen(const std::uint8_t* tag);
+  // A whole record.
+  void seal(std::uint64_t number, std::span<const std::uint8_t> in, std::uint8_t* out, std::uint8_t* tag);
+  bool open(std::uint64_t number, std::span<const std::uint8_t> in, std::uint8_t* out, const std::uint8_t* tag);
+
+ private:
+  WireSecurity mode_;
+  DirectionKey base_;
+  struct Ctx;
+  std::unique_ptr<Ctx> ctx_;
+  std::uint64_t epoch_ = ~0ull;  // the epoch whose key ctx_ holds
+  std::uint64_t remaining_ = 0;
+  bool open_ = false;
+};
+
+// Which record numbers a receiver has taken, so none is taken twice: numbers more than
+// kWindow behind the highest seen are refused as too old (a sender's numbers only grow, and
+// a datagram transport reorders within a few messages, far less than the window).
+class ReplayWindow {
+ public:
+  static constexpr std::uint64_t kWindow = 1024;
+  // True when `number` was not taken and is not too old. Check before acting on a record.
+  bool fresh(std::uint64_t number) const;
+  // Marks `number` taken (after its tag checked).
+  void take(std::uint64_t number);
+
+ private:
+  std::uint64_t highest_ = 0;  // highest number taken + 1 (0: none yet)
+  std::array<std::uint64_t, kWindow / 64> bits_{};
+};
+
 // HKDF-SHA256 (RFC 5869): Extract(salt, ikm) then Expand(info) into out.
 void hkdfSha256(std::span<const std::uint8_t> salt, std::span<const std::uint8_t> ikm,
                 std::span<const std::uint8_t> info, std::span<std::uint8_t> out);

@@ -1,6 +1,8 @@
 // The multipath protocol over fabric paths: two ranks in one process, each with a rail per
 // plane on a real libfabric provider (tcp;ofi_rxm on loopback, shm), the real engine on
-// both sides, driven round by round by the test as a device's progress thread would.
+// both sides, driven round by round by the test as a device's progress thread would; every
+// test runs with sealed frames (encrypt, authenticate) and without. A tap (a third rail
+// that both ranks address instead of each other on plane 0) plays the attacker on the path.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +11,7 @@
 #include <vector>
 
 #include "core/clock.h"
+#include "core/metrics.h"
 #include "tests/common/poll.h"
 #include "tests/transport/test_pattern.h"
 #include "transport/fabric/path.h"
@@ -24,23 +27,198 @@ struct Side {
   std::vector<std::unique_ptr<Rail>> rails;  // one per plane
   EngineChannel ch;
   std::vector<std::unique_ptr<FabricPath>> paths;
+  Counter integrityFailures;
 };
 
-class FabricPathTest : public ::testing::TestWithParam<const char*> {
+struct Param {
+  const char* provider;
+  WireSecurity security;
+};
+
+// The key of rank r's frames on plane p (the peer opens them with the same one).
+DirectionKey testKey(int r, std::size_t p) {
+  DirectionKey k;
+  const auto bytes = pattern(k.key.size() + k.iv.size(), static_cast<std::uint32_t>(1000 + 10 * r + p));
+  std::copy_n(bytes.begin(), k.key.size(), k.key.begin());
+  std::copy_n(bytes.begin() + static_cast<std::ptrdiff_t>(k.key.size()), k.iv.size(), k.iv.begin());
+  return k;
+}
+
+// The attacker on plane 0: ranks address it instead of each other, and it forwards each
+// frame by its tag (0x100 + p: rank 0 to rank 1, 0x200 + p: rank 1 to rank 0), after doing
+// to frames from rank 0 what the test asks.
+class Tap final : public RailOpHandler {
+ public:
+  enum class Attack { kNone, kFlipPayloadByte, kReplayFrame, kRenumberFrame, kFlipHeaderByte };
+
+  Tap(const char* provider, std::size_t frameBytes, std::size_t prefixBytes)
+      : frameBytes_(frameBytes), prefixBytes_(prefixBytes) {
+    RailOptions o;
+    o.provider = provider;
+    if (o.provider != "shm") o.sourceAddress = "127.0.0.1";
+    auto rail = Rail::open(o);
+    if (!rail.isOk()) {
+      status_ = rail.status();
+      return;
+    }
+    rail_ = std::move(rail.value());
+    arena_.resize(kSlots * frameBytes_);
+    auto m = rail_->registerMemory(arena_.data(), arena_.size());
+    if (!m.isOk()) {
+      status_ = m.status();
+      return;
+    }
+    memory_ = m.value();
+    for (std::size_t i = 0; i < kSlots; ++i) {
+      slots_[i].buffer = arena_.data() + i * frameBytes_;
+      for (auto* op : {&slots_[i].recv, &slots_[i].send, &slots_[i].again}) {
+        op->handler = this;
+        op->cookie = i;
+      }
+    }
+  }
+  ~Tap() override {
+    if (rail_ && memory_.handle != 0) (void)rail_->releaseMemory(memory_.handle);
+  }
+  const Status& status() const { return status_; }
+  Rail& rail() { return *rail_; }
+
+  // Addresses rank 0's and rank 1's plane-0 rails and starts listening.
+  Status attach(std::span<const std::uint8_t> rank0, std::span<const std::uint8_t> rank1) {
+    auto a = rail_->addPeer(rank0);
+    if (!a.isOk()) return a.status();
+    auto b = rail_->addPeer(rank1);
+    if (!b.isOk()) return b.status();
+    peer_[0] = a.value();
+    peer_[1] = b.value();
+    for (std::size_t i = 0; i < kSlots; ++i) {
+      if (Status st = postRecv(i); !st.isOk()) return st;
+    }
+    return Status();
+  }
+  // The attack on the `nth` (from 1) data frame from rank 0.
+  void arm(Attack attack, int nth) {
+    attack_ = attack;
+    nth_ = nth;
+  }
+  int attacks() const { return attacks_; }
+  int dataFramesFromRank0() const { return dataFrames_; }
+
+  void progress() {
+    if (!rail_) return;
+    rail_->progress();
+    // Sends the provider refused for now go again.
+    for (std::size_t i = 0; i < kSlots; ++i) {
+      Slot& s = slots_[i];
+      for (int k = 0; k < 2; ++k) {
+        if (s.waiting[k]) forward(i, k);
+      }
+    }
+  }
+
+  void onComplete(RailOp& op, const RailCompletion& c) override {
+    Slot& s = slots_[op.cookie];
+    if (!c.status.isOk()) {
+      if (!c.canceled) status_ = c.status;
+      return;
+    }
+    if (&op == &s.recv) {
+      const int from = (c.tag >> 8) == 1 ? 0 : 1;
+      s.to = 1 - from;
+      s.tag = c.tag;
+      s.bytes = c.bytes;
+      s.copies = 1;
+      if (from == 0 && c.bytes > prefixBytes_ && ++dataFrames_ == nth_) tamper(s);
+      for (int k = 0; k < s.copies; ++k) {
+        s.waiting[k] = true;
+        forward(op.cookie, k);
+      }
+      return;
+    }
+    if (--s.inFlight == 0 && !s.waiting[0] && !s.waiting[1]) (void)postRecv(op.cookie);
+  }
+
+ private:
+  static constexpr std::size_t kSlots = 32;
+  struct Slot {
+    std::uint8_t* buffer = nullptr;
+    RailOp recv, send, again;
+    std::uint64_t tag = 0;
+    std::size_t bytes = 0;
+    int to = 0;
+    int copies = 1;
+    int inFlight = 0;
+    bool waiting[2] = {false, false};
+  };
+
+  void tamper(Slot& s) {
+    ++attacks_;
+    switch (attack_) {
+      case Attack::kNone: break;
+      case Attack::kFlipPayloadByte: s.buffer[s.bytes - 1] ^= 0x40; break;
+      case Attack::kFlipHeaderByte: s.buffer[prefixBytes_ - kAeadTagBytes * 2 - 1] ^= 0x01; break;
+      case Attack::kRenumberFrame: s.buffer[0] ^= 0x01; break;
+      case Attack::kReplayFrame: s.copies = 2; break;
+    }
+  }
+  Status postRecv(std::size_t i) {
+    Status st = rail_->postRecv(0, ~0ull, slots_[i].buffer, frameBytes_, memory_.desc, slots_[i].recv);
+    if (!st.isOk() && status_.isOk()) status_ = st;
+    return st;
+  }
+  void forward(std::size_t i, int k) {
+    Slot& s = slots_[i];
+    const iovec iov[1] = {{s.buffer, s.bytes}};
+    void* const desc[1] = {memory_.desc};
+    Status st = rail_->postSend(peer_[s.to], s.tag, iov, desc, k == 0 ? s.send : s.again);
+    if (st.code() == StatusCode::kAgain) return;
+    s.waiting[k] = false;
+    if (!st.isOk()) {
+      status_ = st;
+      return;
+    }
+    ++s.inFlight;
+  }
+
+  std::size_t frameBytes_, prefixBytes_;
+  Status status_;
+  std::unique_ptr<Rail> rail_;
+  std::vector<std::uint8_t> arena_;
+  RailMemory memory_;
+  RailPeer peer_[2] = {0, 0};
+  Slot slots_[kSlots];
+  Attack attack_ = Attack::kNone;
+  int nth_ = 0;
+  int attacks_ = 0;
+  int dataFrames_ = 0;
+};
+
+class FabricPathTest : public ::testing::TestWithParam<Param> {
  protected:
-  // Two ranks with `planes` fabric paths between them.
-  void connect(std::size_t planes, std::int64_t stallUs = 3'000'000) {
+  const char* provider() const { return GetParam().provider; }
+  WireSecurity security() const { return GetParam().security; }
+  bool sealing() const { return security() != WireSecurity::kOff; }
+
+  // Two ranks with `planes` fabric paths between them; with `tapped`, plane 0 runs through
+  // a tap.
+  void connect(std::size_t planes, std::int64_t stallUs = 3'000'000, bool tapped = false) {
     static int pairs = 0;
     ++pairs;
     for (int r = 0; r < 2; ++r) {
       for (std::size_t p = 0; p < planes; ++p) {
         RailOptions o;
-        o.provider = GetParam();
+        o.provider = provider();
         if (o.provider != "shm") o.sourceAddress = "127.0.0.1";
         auto rail = Rail::open(o);
         ASSERT_TRUE(rail.isOk()) << rail.status().toString();
         side_[r].rails.push_back(std::move(rail.value()));
       }
+    }
+    if (tapped) {
+      const std::size_t prefix = sealing() ? kSealedFramePrefixBytes : kFrameHeaderBytes;
+      tap_ = std::make_unique<Tap>(provider(), prefix + kChunk, prefix);
+      ASSERT_TRUE(tap_->status().isOk()) << tap_->status().toString();
+      ASSERT_TRUE(tap_->attach(side_[0].rails[0]->name(), side_[1].rails[0]->name()).isOk());
     }
     for (int r = 0; r < 2; ++r) {
       Side& me = side_[r];
@@ -55,12 +233,20 @@ class FabricPathTest : public ::testing::TestWithParam<const char*> {
       }
       me.ch = makeMultipathChannel(1 - r, ends, cfg, [] {}, nullptr);
       for (std::size_t p = 0; p < planes; ++p) {
-        auto addr = me.rails[p]->addPeer(peer.rails[p]->name());
+        auto addr = me.rails[p]->addPeer(tapped && p == 0 ? tap_->rail().name() : peer.rails[p]->name());
         ASSERT_TRUE(addr.isOk()) << addr.status().toString();
         // Frames from rank r on plane p carry tag 0x100*(r+1) + p.
         const std::uint64_t out = 0x100u * static_cast<std::uint64_t>(r + 1) + p;
         const std::uint64_t in = 0x100u * static_cast<std::uint64_t>(2 - r) + p;
-        auto path = FabricPath::create(*me.rails[p], addr.value(), out, in, *me.ch.engine, p, {kChunk, 4, 4});
+        FabricPathConfig pc;
+        pc.chunkBytes = kChunk;
+        pc.sendSlots = 4;
+        pc.recvSlots = 4;
+        pc.security = security();
+        pc.sendKey = testKey(r, p);
+        pc.recvKey = testKey(1 - r, p);
+        pc.integrityFailures = &me.integrityFailures;
+        auto path = FabricPath::create(*me.rails[p], addr.value(), out, in, *me.ch.engine, p, pc);
         ASSERT_TRUE(path.isOk()) << path.status().toString();
         me.paths.push_back(std::move(path.value()));
       }
@@ -73,6 +259,7 @@ class FabricPathTest : public ::testing::TestWithParam<const char*> {
       s.ch = {};
       s.rails.clear();
     }
+    tap_.reset();
   }
 
   // One round of both ranks' progress, as a device's progress thread runs it.
@@ -91,6 +278,7 @@ class FabricPathTest : public ::testing::TestWithParam<const char*> {
         if (r) r->progress();
       }
     }
+    if (tap_) tap_->progress();
   }
 
   bool runUntil(const std::function<bool()>& done) {
@@ -116,6 +304,7 @@ class FabricPathTest : public ::testing::TestWithParam<const char*> {
   }
 
   Side side_[2];
+  std::unique_ptr<Tap> tap_;
 };
 
 TEST_P(FabricPathTest, MessagesOfEverySizeArriveByteExactBothWays) {
@@ -160,8 +349,17 @@ TEST_P(FabricPathTest, RegisteredMemoryGoesOutInPlaceAndTheRestIsCopied) {
     ASSERT_TRUE(m.isOk()) << m.status().toString();
     regs.push_back(m.value());
   }
+  if (security() == WireSecurity::kEncrypt) {
+    // Encrypting is the copy: registered memory goes through a slot like any other.
+    std::fill(got.begin(), got.end(), 0);
+    ASSERT_TRUE(transfer(0, data, got, 3)) << "the registered message never arrived";
+    EXPECT_EQ(got, data);
+    EXPECT_EQ(inPlace(), 0u) << "an encrypted chunk went out in place (in clear)";
+    for (std::size_t i = 0; i < regs.size(); ++i) ASSERT_TRUE(side_[0].rails[i]->releaseMemory(regs[i].handle).isOk());
+    return;
+  }
   if (side_[0].rails[0]->info().iovLimit < 2) {
-    GTEST_SKIP() << GetParam() << " gathers no two pieces in one send (iov_limit "
+    GTEST_SKIP() << provider() << " gathers no two pieces in one send (iov_limit "
                  << side_[0].rails[0]->info().iovLimit << "): every chunk is copied";
   }
   std::fill(got.begin(), got.end(), 0);
@@ -245,7 +443,7 @@ TEST_P(FabricPathTest, APathWhoseEndpointClosesMidMessageLosesNothing) {
   ASSERT_FALSE(r.value()->done()) << "the message finished before the cut: nothing tested";
   side_[1].paths[0]->fail(pathError("endpoint closed"));
   side_[1].paths[0].reset();
-  if (std::string(GetParam()) != "shm") side_[1].rails[0].reset();
+  if (std::string(provider()) != "shm") side_[1].rails[0].reset();
   ASSERT_TRUE(runUntil([&] { return r.value()->done() && s.value()->done(); }));
   ASSERT_TRUE(r.value()->status().isOk()) << r.value()->status().toString();
   ASSERT_TRUE(s.value()->status().isOk()) << s.value()->status().toString();
@@ -256,10 +454,86 @@ TEST_P(FabricPathTest, APathWhoseEndpointClosesMidMessageLosesNothing) {
   EXPECT_TRUE(side_[0].ch.channel->health().isOk());
 }
 
-INSTANTIATE_TEST_SUITE_P(Providers, FabricPathTest, ::testing::Values("tcp;ofi_rxm", "shm"),
-                         [](const ::testing::TestParamInfo<const char*>& p) {
-                           return std::string(p.param) == "shm" ? std::string("shm") : std::string("tcp_rxm");
-                         });
+// An attacker on plane 0 changes, replays or renumbers one of rank 0's data frames: sealed,
+// the receiver catches it (the path fails, saying "integrity", and the failure is counted)
+// and the message still arrives byte-exact over plane 1; without sealing the change goes
+// through unseen (which proves the tap reaches the data).
+class TappedFabricPathTest : public FabricPathTest {
+ protected:
+  void attack(Tap::Attack what) {
+    ASSERT_NO_FATAL_FAILURE(connect(2, /*stallUs=*/1'000'000, /*tapped=*/true));
+    // First a message both ways untouched, so every connection under the tap is up and no
+    // chunk stalls on the way (which would send it again on plane 1 and finish the message
+    // before the tampered frame arrives).
+    for (int from = 0; from < 2; ++from) {
+      const auto warm = pattern(4 * kChunk, 20);
+      std::vector<std::uint8_t> got(warm.size());
+      ASSERT_TRUE(transfer(from, warm, got, 6));
+      ASSERT_EQ(got, warm);
+    }
+    ASSERT_GT(tap_->dataFramesFromRank0(), 0) << "plane 0 does not run through the tap";
+    tap_->arm(what, tap_->dataFramesFromRank0() + 3);
+    const auto data = pattern(4 << 20, 21);
+    std::vector<std::uint8_t> got(data.size());
+    Status s, r;
+    ASSERT_TRUE(transfer(0, data, got, 6, &s, &r)) << "the message never arrived";
+    ASSERT_TRUE(tap_->status().isOk()) << tap_->status().toString();
+    ASSERT_EQ(tap_->attacks(), 1) << "the tap saw " << tap_->dataFramesFromRank0() << " data frames: nothing tested";
+    if (!sealing()) {
+      ASSERT_TRUE(r.isOk()) << r.toString();
+      EXPECT_NE(got, data) << "the changed byte did not reach the receiver: the tap tests nothing";
+      EXPECT_EQ(side_[1].integrityFailures.value(), 0u);
+      return;
+    }
+    ASSERT_TRUE(s.isOk()) << s.toString();
+    ASSERT_TRUE(r.isOk()) << r.toString();
+    EXPECT_EQ(got, data) << "a tampered frame was taken in";
+    EXPECT_EQ(side_[1].integrityFailures.value(), 1u) << "the receiver did not count the tampered frame";
+    EXPECT_FALSE(side_[1].ch.channel->pathStats()[0].alive) << "the tapped path still carries data";
+    EXPECT_TRUE(side_[1].ch.channel->pathStats()[1].alive);
+    EXPECT_TRUE(side_[0].ch.channel->health().isOk());
+    // The channel goes on over plane 1.
+    const auto more = pattern(1 << 20, 22);
+    std::vector<std::uint8_t> again(more.size());
+    ASSERT_TRUE(transfer(0, more, again, 6));
+    EXPECT_EQ(again, more);
+  }
+};
+
+TEST_P(TappedFabricPathTest, AChangedPayloadByteIsCaught) { attack(Tap::Attack::kFlipPayloadByte); }
+
+TEST_P(TappedFabricPathTest, AReplayedFrameIsCaught) {
+  if (!sealing()) GTEST_SKIP() << "without sealing frames carry no number or tag to attack";
+  attack(Tap::Attack::kReplayFrame);
+}
+
+TEST_P(TappedFabricPathTest, ARenumberedFrameIsCaught) {
+  if (!sealing()) GTEST_SKIP() << "without sealing frames carry no number or tag to attack";
+  attack(Tap::Attack::kRenumberFrame);
+}
+
+TEST_P(TappedFabricPathTest, AChangedHeaderIsCaught) {
+  if (!sealing()) GTEST_SKIP() << "without sealing frames carry no number or tag to attack";
+  attack(Tap::Attack::kFlipHeaderByte);
+}
+
+std::string paramName(const ::testing::TestParamInfo<Param>& p) {
+  const std::string provider = std::string(p.param.provider) == "shm" ? "shm" : "tcp_rxm";
+  return provider + "_" + std::string(wireSecurityName(p.param.security));
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, FabricPathTest,
+                         ::testing::Values(Param{"tcp;ofi_rxm", WireSecurity::kEncrypt},
+                                           Param{"tcp;ofi_rxm", WireSecurity::kAuthenticate},
+                                           Param{"tcp;ofi_rxm", WireSecurity::kOff},
+                                           Param{"shm", WireSecurity::kEncrypt}, Param{"shm", WireSecurity::kOff}),
+                         paramName);
+INSTANTIATE_TEST_SUITE_P(Providers, TappedFabricPathTest,
+                         ::testing::Values(Param{"tcp;ofi_rxm", WireSecurity::kEncrypt},
+                                           Param{"tcp;ofi_rxm", WireSecurity::kAuthenticate},
+                                           Param{"tcp;ofi_rxm", WireSecurity::kOff},
+                                           Param{"shm", WireSecurity::kEncrypt}),
+                         paramName);
 
 }  // namespace
 }  // namespace meridian::transport::fabric

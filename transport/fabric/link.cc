@@ -1,5 +1,7 @@
 #include "transport/fabric/link.h"
 
+#include <algorithm>
+
 #include "core/secret.h"
 #include "core/wire.h"
 
@@ -69,6 +71,31 @@ std::uint64_t fabricPathTag(std::string_view secret, std::uint64_t sessionId, in
   const auto key = std::span(reinterpret_cast<const std::uint8_t*>(secret.data()), secret.size());
   const Hmac256 mac = hmacSha256(key, data);
   return wire::load<std::uint64_t>(mac.data()) & ((std::uint64_t{1} << kMinTagBits) - 1);
+}
+
+FabricSeed fabricSeed(const DirectionKey& streamKey) {
+  constexpr std::string_view kLabel = "meridian fabric seed";
+  std::vector<std::uint8_t> ikm(streamKey.key.begin(), streamKey.key.end());
+  ikm.insert(ikm.end(), streamKey.iv.begin(), streamKey.iv.end());
+  FabricSeed seed{};
+  hkdfSha256({}, ikm, std::span(reinterpret_cast<const std::uint8_t*>(kLabel.data()), kLabel.size()), seed);
+  return seed;
+}
+
+DirectionKey fabricPathKey(const FabricSeed& seed, std::size_t path, std::span<const std::uint8_t> from,
+                           std::span<const std::uint8_t> to) {
+  std::vector<std::uint8_t> info;
+  constexpr std::string_view kLabel = "meridian fabric key";
+  info.insert(info.end(), kLabel.begin(), kLabel.end());
+  append<std::uint32_t>(info, static_cast<std::uint32_t>(path));
+  appendName(info, from);
+  appendName(info, to);
+  std::array<std::uint8_t, kAeadKeyBytes + kAeadIvBytes> out{};
+  hkdfSha256({}, seed, info, out);
+  DirectionKey k;
+  std::copy_n(out.begin(), kAeadKeyBytes, k.key.begin());
+  std::copy_n(out.begin() + kAeadKeyBytes, kAeadIvBytes, k.iv.begin());
+  return k;
 }
 
 }  // namespace meridian::transport::fabric

@@ -12,6 +12,12 @@
 // HMAC-SHA256(secret, "meridian fabric path" | s | i | k | from | to). Every channel's paths
 // on a shared rail get their own tags (a device has one channel per peer and session, and
 // the two directions differ), and a party without the job secret cannot name them.
+//
+// Keys (sealed fabric frames, see path.h): the direction of path k from rail `from` to rail
+// `to` is sealed under HKDF-SHA256(ikm = seed, info = "meridian fabric key" | k | from | to),
+// where the seed is fabricSeed() of the sending key of the TCP stream on which the sender
+// named its rails. Only the two ends of that stream's handshake hold it, and it is fresh
+// for every connection, so no two channels (nor a channel made again) share a key.
 #pragma once
 
 #include <cstddef>
@@ -20,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/aead.h"
 #include "core/status.h"
 #include "transport/fabric/rail.h"
 
@@ -40,5 +47,12 @@ Result<std::vector<RailName>> decodeRailNames(std::span<const std::uint8_t> byte
 // rank `initiator` opened in session `sessionId`.
 std::uint64_t fabricPathTag(std::string_view secret, std::uint64_t sessionId, int initiator, std::size_t path,
                             std::span<const std::uint8_t> from, std::span<const std::uint8_t> to);
+
+using FabricSeed = std::array<std::uint8_t, kAeadKeyBytes>;
+// The seed a TCP stream's direction key gives its channel's fabric paths.
+FabricSeed fabricSeed(const DirectionKey& streamKey);
+// The key of fabric path `path`'s frames from rail `from` to rail `to`.
+DirectionKey fabricPathKey(const FabricSeed& seed, std::size_t path, std::span<const std::uint8_t> from,
+                           std::span<const std::uint8_t> to);
 
 }  // namespace meridian::transport::fabric

@@ -5,6 +5,7 @@
 
 #include "core/clock.h"
 #include "core/log.h"
+#include "core/wire.h"
 
 namespace meridian::transport::fabric {
 
@@ -14,16 +15,27 @@ Result<std::unique_ptr<FabricPath>> FabricPath::create(Rail& rail, RailPeer peer
   if (config.sendSlots < 1 || config.recvSlots < 1 || config.chunkBytes == 0) {
     return invalidArgument("a fabric path needs at least one send and one receive slot, and a chunk size");
   }
-  if (kFrameHeaderBytes + config.chunkBytes > rail.info().maxMessageBytes) {
+  const bool sealing = config.security != WireSecurity::kOff;
+  const std::size_t prefix = sealing ? kSealedFramePrefixBytes : kFrameHeaderBytes;
+  if (prefix + config.chunkBytes > rail.info().maxMessageBytes) {
     return invalidArgument("fabric {} carries messages of at most {} bytes; frames of {} do not fit",
-                           rail.info().provider, rail.info().maxMessageBytes, kFrameHeaderBytes + config.chunkBytes);
+                           rail.info().provider, rail.info().maxMessageBytes, prefix + config.chunkBytes);
+  }
+  if (sealing && config.chunkBytes > kMaxNumberedRecordBytes) {
+    return invalidArgument("sealed fabric frames carry chunks of at most {} bytes, not {}", kMaxNumberedRecordBytes,
+                           config.chunkBytes);
   }
   std::unique_ptr<FabricPath> p(new FabricPath(rail, peer, sendTag, recvTag, engine, index, config));
-  const std::size_t frame = kFrameHeaderBytes + config.chunkBytes;
+  p->prefix_ = prefix;
+  if (sealing) {
+    p->tx_ = std::make_unique<NumberedCipher>(config.security, NumberedCipher::Role::kSeal, config.sendKey);
+    p->rx_ = std::make_unique<NumberedCipher>(config.security, NumberedCipher::Role::kOpen, config.recvKey);
+  }
+  const std::size_t frame = prefix + config.chunkBytes;
   const std::size_t chunkSlots = static_cast<std::size_t>(config.sendSlots);
   const std::size_t controlSlots = chunkSlots;  // one acknowledgement per chunk the peer may have in flight
   const std::size_t recvSlots = static_cast<std::size_t>(config.recvSlots);
-  p->arenaBytes_ = (chunkSlots + recvSlots) * frame + controlSlots * kFrameHeaderBytes;
+  p->arenaBytes_ = (chunkSlots + recvSlots) * frame + controlSlots * prefix;
   p->arena_ = std::shared_ptr<std::uint8_t[]>(new std::uint8_t[p->arenaBytes_]());
   MERIDIAN_ASSIGN_OR_RETURN(p->memory_, rail.registerMemory(p->arena_.get(), p->arenaBytes_));
   p->slots_ = std::make_shared<std::vector<Slot>>(chunkSlots + controlSlots + recvSlots);
@@ -42,7 +54,7 @@ Result<std::unique_ptr<FabricPath>> FabricPath::create(Rail& rail, RailPeer peer
   };
   carve(SlotKind::kChunk, chunkSlots, frame);
   carve(SlotKind::kRecv, recvSlots, frame);
-  carve(SlotKind::kControl, controlSlots, kFrameHeaderBytes);
+  carve(SlotKind::kControl, controlSlots, prefix);
   return p;
 }
 
@@ -88,8 +100,7 @@ void FabricPath::end(const Status& why) {
 Status FabricPath::postSend(Slot& s) {
   Status st;
   if (s.inPlace != nullptr) {
-    const iovec iov[2] = {{s.buffer, kFrameHeaderBytes},
-                          {const_cast<std::uint8_t*>(s.inPlace), s.frameBytes - kFrameHeaderBytes}};
+    const iovec iov[2] = {{s.buffer, prefix_}, {const_cast<std::uint8_t*>(s.inPlace), s.frameBytes - prefix_}};
     void* const desc[2] = {memory_.desc, s.inPlaceDesc};
     st = rail_.postSend(peer_, sendTag_, iov, desc, s.op);
   } else {
@@ -104,13 +115,59 @@ Status FabricPath::postSend(Slot& s) {
   return st;
 }
 
-void FabricPath::copyPayload(Slot& s, const OutChunk& c) {
-  for (std::uint64_t copied = 0; copied < s.frameBytes - kFrameHeaderBytes;) {
-    std::size_t n = 0;
-    const std::uint8_t* p = engine_.chunkPayload(c, copied, &n);
-    std::memcpy(s.buffer + kFrameHeaderBytes + copied, p, n);
-    copied += n;
+void FabricPath::writeFrame(Slot& s, const FrameHeader& h, const OutChunk* c) {
+  const FrameHeaderBytes hb = encodeFrameHeader(h);
+  std::uint8_t* payload = s.buffer + prefix_;
+  // Only chunks carry a payload (an acknowledgement's length field names the chunk's).
+  const std::uint64_t payloadBytes = c != nullptr ? h.length : 0;
+  s.frameBytes = prefix_ + payloadBytes;
+  std::uint64_t number = 0;
+  if (sealing()) {
+    // A number is never used twice, not even for a frame written again (a chunk whose
+    // in-place memory went away): a GCM nonce sealing two different texts gives the key away.
+    number = nextNumber_++;
+    wire::store<std::uint64_t>(s.buffer, number);
+    tx_->seal(2 * number, hb, s.buffer + 8, s.buffer + 8 + kFrameHeaderBytes);
+    tx_->begin(2 * number + 1, payloadBytes);
+  } else {
+    std::memcpy(s.buffer, hb.data(), hb.size());
   }
+  for (std::uint64_t done = 0; done < payloadBytes;) {
+    std::size_t n = 0;
+    const std::uint8_t* p = engine_.chunkPayload(*c, done, &n);
+    std::uint8_t* out = s.inPlace != nullptr ? nullptr : payload + done;
+    if (sealing()) {
+      tx_->update(p, out, n);  // authenticate in place: the tag of the bytes where they lie
+    } else if (out != nullptr) {
+      std::memcpy(out, p, n);
+    }
+    done += n;
+  }
+  if (sealing()) tx_->finishSeal(s.buffer + 8 + kFrameHeaderBytes + kAeadTagBytes);
+}
+
+bool FabricPath::openPayload(std::uint64_t number, std::uint8_t* in, std::uint8_t* out, std::size_t n,
+                             const std::uint8_t* tag) {
+  if (!sealing()) {
+    if (out != nullptr && out != in && n > 0) std::memcpy(out, in, n);
+    return true;
+  }
+  // Encrypt needs somewhere to put the clear bytes: the slot itself when the chunk has no
+  // target (a duplicate), still checked so a forgery is caught.
+  if (out == nullptr && config_.security == WireSecurity::kEncrypt) out = in;
+  rx_->begin(2 * number + 1, n);
+  rx_->update(in, out, n);
+  return rx_->finishOpen(tag);
+}
+
+void FabricPath::failIntegrity(std::string_view what) {
+  if (config_.integrityFailures != nullptr) config_.integrityFailures->add(1);
+  const Status why = peerError(
+      "integrity: a {} on fabric path {} failed its check (changed, forged or replayed on the way); the path is "
+      "dropped",
+      what, index_);
+  MLOG_ERROR(kTransport, "{}", why.message());
+  fail(why);
 }
 
 void FabricPath::repost(Slot& s) {
@@ -133,9 +190,7 @@ void FabricPath::pump(std::int64_t nowUs) {
   for (Slot& s : *slots_) {
     if (controls_.empty()) break;
     if (s.kind != SlotKind::kControl || s.posted) continue;
-    const FrameHeaderBytes bytes = encodeFrameHeader(controls_.front());
-    std::memcpy(s.buffer, bytes.data(), bytes.size());
-    s.frameBytes = bytes.size();
+    writeFrame(s, controls_.front(), nullptr);
     Status st = postSend(s);
     if (st.code() == StatusCode::kAgain) break;
     if (!st.isOk()) return fail(st);
@@ -146,15 +201,15 @@ void FabricPath::pump(std::int64_t nowUs) {
   // A chunk the provider refused a moment ago goes before any new one.
   if (pendingChunk_ != nullptr) {
     Slot& s = *pendingChunk_;
-    if (s.inPlace != nullptr && !rail_.registeredMemory(s.inPlace, s.frameBytes - kFrameHeaderBytes)) {
+    if (s.inPlace != nullptr && !rail_.registeredMemory(s.inPlace, s.frameBytes - prefix_)) {
       // Deregistered meanwhile (its message finished on another path): the copy it is then.
       s.inPlace = nullptr;
-      copyPayload(s, pendingChunkRef_);
+      writeFrame(s, pendingHeader_, &pendingChunkRef_);
     }
     Status st = postSend(s);
     if (st.code() == StatusCode::kAgain) return;
     if (!st.isOk()) return fail(st);
-    if (s.inPlace != nullptr) sentInPlaceBytes_ += s.frameBytes - kFrameHeaderBytes;
+    if (s.inPlace != nullptr) sentInPlaceBytes_ += s.frameBytes - prefix_;
     engine_.onChunkWritten(index_, pendingChunkRef_, nowUs);
     pendingChunk_ = nullptr;
     pendingChunkRef_ = OutChunk{};
@@ -172,12 +227,10 @@ void FabricPath::pump(std::int64_t nowUs) {
       return fail(internalError("fabric path {}: a {} frame to send; fabric paths carry payloads", index_,
                                 static_cast<int>(h.type)));
     }
-    const FrameHeaderBytes hb = encodeFrameHeader(h);
-    std::memcpy(s.buffer, hb.data(), hb.size());
-    s.frameBytes = kFrameHeaderBytes + h.length;
     s.inPlace = nullptr;
     s.inPlaceDesc = nullptr;
-    if (h.length > 0 && rail_.info().iovLimit >= 2) {
+    // Encrypting is the copy into the slot; the other modes send registered memory in place.
+    if (h.length > 0 && rail_.info().iovLimit >= 2 && config_.security != WireSecurity::kEncrypt) {
       std::size_t n = 0;
       const std::uint8_t* p = engine_.chunkPayload(c, 0, &n);
       if (n == h.length) {
@@ -187,10 +240,11 @@ void FabricPath::pump(std::int64_t nowUs) {
         }
       }
     }
-    if (s.inPlace == nullptr) copyPayload(s, c);
+    writeFrame(s, h, &c);
     Status st = postSend(s);
     if (st.code() == StatusCode::kAgain) {
       pendingChunk_ = &s;
+      pendingHeader_ = h;
       pendingChunkRef_ = std::move(c);
       return;
     }
@@ -225,23 +279,49 @@ void FabricPath::onComplete(RailOp& op, const RailCompletion& completion) {
 }
 
 void FabricPath::onReceived(Slot& s, std::size_t bytes) {
-  if (bytes < kFrameHeaderBytes) {
-    return fail(peerError("a fabric frame of {} bytes, shorter than its header", bytes));
+  if (bytes < prefix_) return fail(peerError("a fabric frame of {} bytes, shorter than its header", bytes));
+  std::uint64_t number = 0;
+  std::uint8_t clear[kFrameHeaderBytes];
+  const std::uint8_t* header = s.buffer;
+  if (sealing()) {
+    number = wire::load<std::uint64_t>(s.buffer);
+    if (!taken_.fresh(number)) return failIntegrity(fmt::format("frame numbered {} (a replay, or too old)", number));
+    if (!rx_->open(2 * number, std::span<const std::uint8_t>(s.buffer + 8, kFrameHeaderBytes), clear,
+                   s.buffer + 8 + kFrameHeaderBytes)) {
+      return failIntegrity("frame header");
+    }
+    header = clear;
   }
-  auto h = decodeFrameHeader(std::span<const std::uint8_t>(s.buffer, kFrameHeaderBytes));
+  const std::uint8_t* payloadTag = s.buffer + 8 + kFrameHeaderBytes + kAeadTagBytes;
+  std::uint8_t* payload = s.buffer + prefix_;
+  auto h = decodeFrameHeader(std::span<const std::uint8_t>(header, kFrameHeaderBytes));
   if (!h) return fail(h.status());
+  // Frames without payload still carry the (empty) payload record: its tag is checked too.
+  auto headerOnly = [&](const char* what) {
+    if (bytes != prefix_) {
+      fail(peerError("{} of {} bytes", what, bytes));
+      return false;
+    }
+    if (!openPayload(number, payload, nullptr, 0, payloadTag)) {
+      failIntegrity(what);
+      return false;
+    }
+    if (sealing()) taken_.take(number);
+    return true;
+  };
   switch (h->type) {
     case FrameType::kAck: {
-      if (bytes != kFrameHeaderBytes) return fail(peerError("an acknowledgement of {} bytes", bytes));
+      if (!headerOnly("an acknowledgement")) return;
       if (Status st = engine_.onAck(h.value(), index_, nowUs()); !st.isOk()) return fail(st);
       return;
     }
     case FrameType::kClose:
+      if (!headerOnly("a goodbye")) return;
       // The peer's last frame on this path (tagged messages between two endpoints arrive in
       // order): there is no end of stream to wait for, as on TCP.
       return end(pathError("the peer closed the fabric path"));
     case FrameType::kData: {
-      if (bytes != kFrameHeaderBytes + h->length) {
+      if (bytes != prefix_ + h->length) {
         return fail(peerError("a fabric frame of {} bytes whose header says {} of payload", bytes, h->length));
       }
       auto t = engine_.onDataHeader(h.value(), index_);
@@ -249,11 +329,9 @@ void FabricPath::onReceived(Slot& s, std::size_t bytes) {
         engine_.fail(t.status());
         return fail(t.status());
       }
-      if (h->length > 0) {
-        if (std::uint8_t* dst = engine_.targetPointer(t.value(), 0)) {
-          std::memcpy(dst, s.buffer + kFrameHeaderBytes, h->length);
-        }
-      }
+      std::uint8_t* dst = h->length > 0 ? engine_.targetPointer(t.value(), 0) : nullptr;
+      if (!openPayload(number, payload, dst, h->length, payloadTag)) return failIntegrity("chunk payload");
+      if (sealing()) taken_.take(number);
       auto ack = engine_.onDataComplete(t.value(), index_);
       if (!ack) {
         engine_.fail(ack.status());

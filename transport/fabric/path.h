@@ -16,6 +16,18 @@
 // posted send fails the path, whose chunks go to the others. Receives always land in slots
 // and are copied out (which chunk arrives on which path is the sender's choice).
 //
+// Sealing (MERIDIAN_WIRE_SECURITY encrypt or authenticate; the keys come from the channel's
+// authenticated TCP connection, see docs/transport.md): a frame numbered n travels as
+//   n (u64, clear) | header sealed as record 2n | its tag | the payload's tag | payload sealed as record 2n+1
+// (core/aead.h NumberedCipher: the nonce binds the number, the length is authenticated,
+// each direction of each path has its own key). The receiver refuses a number it has taken
+// before (ReplayWindow), opens the header before it reads a field of it, and decrypts the
+// payload straight into the message's memory; nothing counts until the payload's tag checks.
+// A frame that fails any of this fails the path (an integrity failure, counted and logged),
+// and its chunks go to the other paths. Encrypt seals the payload into a slot (the
+// encryption is the copy: no in-place sends); authenticate sends registered memory in place
+// as before, its tag computed where it lies. Off: header | payload, no number, no tag.
+//
 // Failure: an operation that fails (a completion error) fails the path; the engine moves
 // its chunks to the other paths. A peer that vanished without a word shows as a stall
 // (the engine's checkStalls): tcp;ofi_rxm keeps such sends queued for ever.
@@ -30,6 +42,8 @@
 #include <memory>
 #include <vector>
 
+#include "core/aead.h"
+#include "core/metrics.h"
 #include "transport/engine.h"
 #include "transport/fabric/rail.h"
 
@@ -39,7 +53,13 @@ struct FabricPathConfig {
   std::size_t chunkBytes = 512 * 1024;  // the channel's chunk size: frames are at most header + this
   int sendSlots = 8;                    // chunks in flight on the path
   int recvSlots = 8;                    // receives kept posted
+  WireSecurity security = WireSecurity::kOff;
+  DirectionKey sendKey, recvKey;  // this path's, one per direction (unused when off)
+  Counter* integrityFailures = nullptr;  // counts frames that failed their tags (may be null)
 };
+
+// Bytes before a sealed frame's payload: number, header, header tag, payload tag.
+inline constexpr std::size_t kSealedFramePrefixBytes = 8 + kFrameHeaderBytes + 2 * kAeadTagBytes;
 
 class FabricPath final : public RailOpHandler {
  public:
@@ -91,8 +111,14 @@ class FabricPath final : public RailOpHandler {
   Status postSend(Slot& s);
   void onReceived(Slot& s, std::size_t bytes);
   void repost(Slot& s);
-  // Copies the chunk's payload into the slot behind its header (s.frameBytes says how much).
-  void copyPayload(Slot& s, const OutChunk& c);
+  // Writes the frame of `h` into the slot: number, sealed header and payload tag when
+  // sealing, and the chunk's payload behind them unless it goes in place (s.inPlace).
+  void writeFrame(Slot& s, const FrameHeader& h, const OutChunk* c);
+  // Opens the payload record of frame `number` (its bytes at `in`) into `out` (nullptr or
+  // `in`: checked where it lies); false: not genuine.
+  bool openPayload(std::uint64_t number, std::uint8_t* in, std::uint8_t* out, std::size_t n, const std::uint8_t* tag);
+  void failIntegrity(std::string_view what);
+  bool sealing() const { return config_.security != WireSecurity::kOff; }
 
   Rail& rail_;
   RailPeer peer_;
@@ -100,6 +126,10 @@ class FabricPath final : public RailOpHandler {
   ChannelEngine& engine_;
   std::size_t index_;
   FabricPathConfig config_;
+  std::size_t prefix_ = kFrameHeaderBytes;  // bytes before a frame's payload
+  std::unique_ptr<NumberedCipher> tx_, rx_;
+  ReplayWindow taken_;
+  std::uint64_t nextNumber_ = 0;
   std::shared_ptr<std::uint8_t[]> arena_;
   std::size_t arenaBytes_ = 0;
   RailMemory memory_;
@@ -107,6 +137,7 @@ class FabricPath final : public RailOpHandler {
   std::deque<FrameHeader> controls_;  // acknowledgements (and a goodbye) waiting for a slot
   Slot* pendingChunk_ = nullptr;      // filled, refused by the provider for now: goes first
   OutChunk pendingChunkRef_;
+  FrameHeader pendingHeader_;
   std::size_t outstanding_ = 0;
   std::uint64_t sentInPlaceBytes_ = 0;
   bool failed_ = false;

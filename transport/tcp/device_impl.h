@@ -120,6 +120,9 @@ struct Stream {
   // chunk, a remote reference, rail names) as the next. tx seals what this end writes, rx
   // opens what it reads; with MERIDIAN_WIRE_SECURITY=off they add nothing.
   std::unique_ptr<RecordCipher> tx, rx;
+  // What the channel's fabric paths derive their keys from (fabric/link.h): this stream's
+  // sending and receiving keys, expanded.
+  fabric::FabricSeed fabricSeedOut{}, fabricSeedIn{};
   // Reading.
   bool inPayload = false;
   bool payloadRecord = false;  // the payload is a streamed record whose tag follows it
@@ -195,6 +198,7 @@ struct ChannelEntry {
   std::size_t directPaths = 0;                                // paths beyond these: the relay slot
   std::vector<std::unique_ptr<fabric::FabricPath>> fabric;    // [rail]; null until paired
   bool railNamesSent = false, railNamesTaken = false;
+  fabric::FabricSeed fabricSeedOut{};  // of the stream our rail names went out on
   int initiatorRank = 0;  // the rank that opened the channel (fabric path tags)
   std::vector<std::string> peerAddresses;                     // the peer's listen addresses
   std::int64_t readPid = 0;                                   // direct reads from this pid (0: none)
@@ -427,7 +431,8 @@ struct TcpDevice::Impl {
   void sendRailNames(ChannelEntry& e);
   // The peer's rail names arrived: pairs rail k with the peer's rail k and brings the
   // fabric paths up. A bad name keeps that path down (the channel goes on without it).
-  void takeRailNames(ChannelEntry& e, std::span<const std::uint8_t> bytes);
+  // `from`: the stream they came on (its keys give the receiving direction's).
+  void takeRailNames(ChannelEntry& e, const Stream& from, std::span<const std::uint8_t> bytes);
   // One round of the rails' completions (before the events), and of every channel's
   // fabric paths (after them).
   std::size_t progressRails();  // completions handled

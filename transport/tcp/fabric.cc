@@ -54,14 +54,6 @@ Status TcpDevice::Impl::openRails() {
     pollRails = true;
   }
   MLOG_INFO(kTransport, "TCP device {}: fabric rail {}", options.name, (*rail)->describe());
-  static std::atomic<bool> saidUnsealed{false};
-  if (*options.wireSecurity != WireSecurity::kOff && !saidUnsealed.exchange(true)) {
-    // Said once per process: the channel set-up is sealed, the fabric's payloads are not yet.
-    MLOG_WARN(kTransport,
-              "fabric paths carry chunk payloads unsealed (MERIDIAN_WIRE_SECURITY={} covers the TCP paths and the "
-              "set-up of the fabric ones): use them inside a fabric you trust, or MERIDIAN_FABRIC=off",
-              wireSecurityName(*options.wireSecurity));
-  }
   railLabels.push_back((*rail)->describeName((*rail)->name()));
   rails.push_back(std::move(rail.value()));
   return Status::ok();
@@ -83,15 +75,24 @@ void TcpDevice::Impl::sendRailNames(ChannelEntry& e) {
   h.totalBytes = h.length;
   const auto header = encodeFrameHeader(h);
   queueControl(*e.streams[0][0], header, payload.value(), /*urgent=*/true);
+  e.fabricSeedOut = e.streams[0][0]->fabricSeedOut;
   e.railNamesSent = true;
 }
 
-void TcpDevice::Impl::takeRailNames(ChannelEntry& e, std::span<const std::uint8_t> bytes) {
+void TcpDevice::Impl::takeRailNames(ChannelEntry& e, const Stream& from, std::span<const std::uint8_t> bytes) {
   if (e.railNamesTaken) {
     MLOG_WARN(kTransport, "rank {} named its fabric rails twice; the second list is ignored", e.peerRank);
     return;
   }
   e.railNamesTaken = true;
+  if (rails.empty()) return;
+  // Our own names (and the seed of our sending keys) go first; a peer that named its rails
+  // before we could has them now.
+  sendRailNames(e);
+  if (!e.railNamesSent) {
+    MLOG_WARN(kTransport, "fabric paths to rank {} stay down: our rail names could not go out", e.peerRank);
+    return;
+  }
   auto names = fabric::decodeRailNames(bytes);
   if (!names) {
     MLOG_WARN(kTransport, "rank {}'s fabric rail names: {}; its fabric paths stay down", e.peerRank,
@@ -112,8 +113,15 @@ void TcpDevice::Impl::takeRailNames(ChannelEntry& e, std::span<const std::uint8_
                                                         (*names)[k]);
     const std::uint64_t recvTag = fabric::fabricPathTag(options.secret, e.sessionId, e.initiatorRank, k, (*names)[k],
                                                         rail.name());
-    auto path = fabric::FabricPath::create(rail, *peer, sendTag, recvTag, *e.engine, slot,
-                                           {options.chunkBytes, kFabricSendSlots, kFabricRecvSlots});
+    fabric::FabricPathConfig config;
+    config.chunkBytes = options.chunkBytes;
+    config.sendSlots = kFabricSendSlots;
+    config.recvSlots = kFabricRecvSlots;
+    config.security = *options.wireSecurity;
+    config.sendKey = fabric::fabricPathKey(e.fabricSeedOut, k, rail.name(), (*names)[k]);
+    config.recvKey = fabric::fabricPathKey(from.fabricSeedIn, k, (*names)[k], rail.name());
+    config.integrityFailures = integrityFailures;
+    auto path = fabric::FabricPath::create(rail, *peer, sendTag, recvTag, *e.engine, slot, config);
     if (!path) {
       MLOG_WARN(kTransport, "fabric path {} to rank {} stays down: {}", slot, e.peerRank, path.status().message());
       (void)rail.removePeer(*peer);

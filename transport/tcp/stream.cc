@@ -7,6 +7,8 @@ void TcpDevice::Impl::attachStream(ChannelEntry& e, UniqueFd fd, std::size_t pat
   auto s = std::make_unique<Stream>();
   s->tx = std::make_unique<RecordCipher>(keys.mode, RecordCipher::Role::kSeal, keys.send);
   s->rx = std::make_unique<RecordCipher>(keys.mode, RecordCipher::Role::kOpen, keys.recv);
+  s->fabricSeedOut = fabric::fabricSeed(keys.send);
+  s->fabricSeedIn = fabric::fabricSeed(keys.recv);
   const bool encrypting = keys.mode == WireSecurity::kEncrypt;
   s->rcap = encrypting ? kSealedBufferBytes : kReadBufferBytes;
   if (encrypting) s->stage = std::make_unique<std::uint8_t[]>(kSealedBufferBytes);
@@ -148,7 +150,7 @@ void TcpDevice::Impl::readStream(Stream& s) {
         s.namesPending = false;
         if (!openInPlace(s, s.namesIn.data(), s.namesIn.size() - tagBytes)) return failIntegrity(s, "rail names");
         s.namesIn.resize(s.namesIn.size() - tagBytes);
-        takeRailNames(e, s.namesIn);
+        takeRailNames(e, s, s.namesIn);
         s.namesIn = {};
         continue;
       }
