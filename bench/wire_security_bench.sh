@@ -8,9 +8,11 @@
 #   3. 8-byte allreduce latency, 2 ranks;
 #   4. the three-region lab (meridian-lab, WAN links at WAN_RATE Mbit/s per plane), 16 MiB
 #      allreduce busbw (root and /dev/net/tun; skipped with the reason otherwise);
+#   5. fabric paths (libfabric tcp;ofi_rxm and shm, the TCP path on standby), one channel on
+#      loopback (meridian-transport-bench, 4 MiB messages, 8 in flight), one-way goodput;
 # and OpenSSL's own AES-256-GCM figure on this machine (openssl speed, 16 KiB blocks).
 # Usage: [WAN_RATE=40] bench/wire_security_bench.sh [BUILD_DIR] [ROUNDS]
-# Writes bench/results/wire-security.md.
+# Writes bench/results/wire-security.md (a "## Reading" section already there is kept).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/bench/lab/common.sh"
@@ -19,7 +21,8 @@ rounds=${2:-3}
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "ROUNDS must be a positive integer (got '$rounds')" >&2; exit 1; }
 wanMbit=${WAN_RATE:-40}
 bench="$build/bench/meridian-bench"
-[ -x "$bench" ] || { echo "missing $bench: build first (cmake --build $build)" >&2; exit 1; }
+tbench="$build/bench/meridian-transport-bench"
+for b in "$bench" "$tbench"; do [ -x "$b" ] || { echo "missing $b: build first (cmake --build $build)" >&2; exit 1; }; done
 out="$root/bench/results/wire-security.md"
 tmp=$(mktemp -d)
 labName=ws
@@ -67,6 +70,16 @@ for r in $(seq "$rounds"); do
   for m in "${modes[@]}"; do
     MERIDIAN_WIRE_SECURITY="$m" "$bench" --ranks 2 --ops all_reduce -b 8 -e 8 -n 3000 -w 300 > "$tmp/lat.$m.$r" 2>&1
     rows "$tmp/lat.$m.$r" | awk -v m="$m" '{print m, $3}' >> "$tmp/lat.all"
+  done
+done
+fabricArgs=(--paths 1 --streams 2 --size 4M --inflight 8 --iters 256)
+for r in $(seq "$rounds"); do
+  for p in "tcp;ofi_rxm" shm; do
+    for m in "${modes[@]}"; do
+      MERIDIAN_WIRE_SECURITY="$m" MERIDIAN_FABRIC=on MERIDIAN_FABRIC_PROVIDER="$p" MERIDIAN_FABRIC_TCP=standby \
+        "$tbench" "${fabricArgs[@]}" > "$tmp/fab.$m.$r" 2>&1 || { echo "fabric run failed ($p, $m):" >&2; tail -20 "$tmp/fab.$m.$r" >&2; exit 1; }
+      awk -v p="$p" -v m="$m" '/^aggregate/ {print p, m, $2}' "$tmp/fab.$m.$r" >> "$tmp/fab.all"
+    done
   done
 done
 speed=$(openssl speed -evp aes-256-gcm -bytes 16384 -seconds 2 2>/dev/null | awk '/^AES-256-GCM/ {sub(/k$/, "", $2); printf "%.2f", $2 / 1e6}')
@@ -129,6 +142,25 @@ fi
     e=$(awk '$1 == "encrypt" {print $2 / 1000}' "$tmp/lab.all" | median)
     printf "| %.0f | %.0f | %.2f | %s | %s |\n" "$o" "$e" "$(awk -v a="$e" -v b="$o" 'BEGIN {print a / b}')" \
       "$(awk '$1 == "off" {printf "%.0f ", $2 / 1000}' "$tmp/lab.all")" "$(awk '$1 == "encrypt" {printf "%.0f ", $2 / 1000}' "$tmp/lab.all")"
+  fi
+  echo
+  echo "## Fabric paths, one channel on loopback (GB/s, one way)"
+  echo
+  echo "\`MERIDIAN_WIRE_SECURITY=off|authenticate|encrypt MERIDIAN_FABRIC=on MERIDIAN_FABRIC_PROVIDER=<p> MERIDIAN_FABRIC_TCP=standby"
+  echo "meridian-transport-bench ${fabricArgs[*]}\` (every byte on the fabric path; medians of $rounds)."
+  echo
+  echo "| provider | off | authenticate | encrypt | authenticate / off | encrypt / off | rounds: encrypt |"
+  echo "| --- | --- | --- | --- | --- | --- | --- |"
+  for p in "tcp;ofi_rxm" shm; do
+    o=$(awk -v p="$p" '$1 == p && $2 == "off" {print $3}' "$tmp/fab.all" | median)
+    a=$(awk -v p="$p" '$1 == p && $2 == "authenticate" {print $3}' "$tmp/fab.all" | median)
+    e=$(awk -v p="$p" '$1 == p && $2 == "encrypt" {print $3}' "$tmp/fab.all" | median)
+    printf "| %s | %.3f | %.3f | %.3f | %.2f | %.2f | %s |\n" "$p" "$o" "$a" "$e" "$(awk -v a="$a" -v b="$o" 'BEGIN {print a / b}')" \
+      "$(awk -v a="$e" -v b="$o" 'BEGIN {print a / b}')" "$(awk -v p="$p" '$1 == p && $2 == "encrypt" {printf "%.3f ", $3}' "$tmp/fab.all")"
+  done
+  if [ -f "$out" ] && grep -q '^## Reading' "$out"; then
+    echo
+    sed -n '/^## Reading/,$p' "$out"
   fi
 } > "$tmp/out.md"
 mkdir -p "$(dirname "$out")"

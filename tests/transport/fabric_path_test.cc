@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -49,7 +50,7 @@ DirectionKey testKey(int r, std::size_t p) {
 // to frames from rank 0 what the test asks.
 class Tap final : public RailOpHandler {
  public:
-  enum class Attack { kNone, kFlipPayloadByte, kReplayFrame, kRenumberFrame, kFlipHeaderByte };
+  enum class Attack { kNone, kFlipPayloadByte, kReplayFrame, kRenumberFrame, kFlipHeaderByte, kWrapNumber };
 
   Tap(const char* provider, std::size_t frameBytes, std::size_t prefixBytes)
       : frameBytes_(frameBytes), prefixBytes_(prefixBytes) {
@@ -62,7 +63,8 @@ class Tap final : public RailOpHandler {
       return;
     }
     rail_ = std::move(rail.value());
-    arena_.resize(kSlots * frameBytes_);
+    arena_.resize((kSlots + 1) * frameBytes_);  // the last frame: a forged copy's
+    spare_ = arena_.data() + kSlots * frameBytes_;
     auto m = rail_->registerMemory(arena_.data(), arena_.size());
     if (!m.isOk()) {
       status_ = m.status();
@@ -159,6 +161,11 @@ class Tap final : public RailOpHandler {
       case Attack::kFlipHeaderByte: s.buffer[prefixBytes_ - kAeadTagBytes * 2 - 1] ^= 0x01; break;
       case Attack::kRenumberFrame: s.buffer[0] ^= 0x01; break;
       case Attack::kReplayFrame: s.copies = 2; break;
+      case Attack::kWrapNumber:  // the replay comes back as number + 2^63: the same records
+        std::memcpy(spare_, s.buffer, s.bytes);
+        spare_[7] ^= 0x80;
+        s.copies = 2;
+        break;
     }
   }
   Status postRecv(std::size_t i) {
@@ -170,7 +177,9 @@ class Tap final : public RailOpHandler {
     Slot& s = slots_[i];
     const iovec iov[1] = {{s.buffer, s.bytes}};
     void* const desc[1] = {memory_.desc};
-    Status st = rail_->postSend(peer_[s.to], s.tag, iov, desc, k == 0 ? s.send : s.again);
+    const iovec spare[1] = {{spare_, s.bytes}};
+    Status st = rail_->postSend(peer_[s.to], s.tag, k == 1 && attack_ == Attack::kWrapNumber ? spare : iov, desc,
+                                k == 0 ? s.send : s.again);
     if (st.code() == StatusCode::kAgain) return;
     s.waiting[k] = false;
     if (!st.isOk()) {
@@ -184,6 +193,7 @@ class Tap final : public RailOpHandler {
   Status status_;
   std::unique_ptr<Rail> rail_;
   std::vector<std::uint8_t> arena_;
+  std::uint8_t* spare_ = nullptr;
   RailMemory memory_;
   RailPeer peer_[2] = {0, 0};
   Slot slots_[kSlots];
@@ -515,6 +525,11 @@ TEST_P(TappedFabricPathTest, ARenumberedFrameIsCaught) {
 TEST_P(TappedFabricPathTest, AChangedHeaderIsCaught) {
   if (!sealing()) GTEST_SKIP() << "without sealing frames carry no number or tag to attack";
   attack(Tap::Attack::kFlipHeaderByte);
+}
+
+TEST_P(TappedFabricPathTest, AReplayWhoseNumberWrapsIsCaught) {
+  if (!sealing()) GTEST_SKIP() << "without sealing frames carry no number or tag to attack";
+  attack(Tap::Attack::kWrapNumber);
 }
 
 std::string paramName(const ::testing::TestParamInfo<Param>& p) {

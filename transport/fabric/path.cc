@@ -2,6 +2,7 @@
 #include "transport/fabric/path.h"
 
 #include <cstring>
+#include <stdexcept>
 
 #include "core/clock.h"
 #include "core/log.h"
@@ -126,6 +127,7 @@ void FabricPath::writeFrame(Slot& s, const FrameHeader& h, const OutChunk* c) {
     // A number is never used twice, not even for a frame written again (a chunk whose
     // in-place memory went away): a GCM nonce sealing two different texts gives the key away.
     number = nextNumber_++;
+    if (number >= kMaxFrameNumber) throw std::logic_error("fabric path: frame numbers ran out");  // 2^62 frames: never
     wire::store<std::uint64_t>(s.buffer, number);
     tx_->seal(2 * number, hb, s.buffer + 8, s.buffer + 8 + kFrameHeaderBytes);
     tx_->begin(2 * number + 1, payloadBytes);
@@ -285,6 +287,9 @@ void FabricPath::onReceived(Slot& s, std::size_t bytes) {
   const std::uint8_t* header = s.buffer;
   if (sealing()) {
     number = wire::load<std::uint64_t>(s.buffer);
+    // Records 2n and 2n+1 name frame n: beyond kMaxFrameNumber, n + 2^63 would name the
+    // same records as n (a replay the window would take for new).
+    if (number >= kMaxFrameNumber) return failIntegrity(fmt::format("frame numbered {} (out of range)", number));
     if (!taken_.fresh(number)) return failIntegrity(fmt::format("frame numbered {} (a replay, or too old)", number));
     if (!rx_->open(2 * number, std::span<const std::uint8_t>(s.buffer + 8, kFrameHeaderBytes), clear,
                    s.buffer + 8 + kFrameHeaderBytes)) {

@@ -58,6 +58,8 @@ struct FabricPathConfig {
   Counter* integrityFailures = nullptr;  // counts frames that failed their tags (may be null)
 };
 
+// Frame numbers are below this (frame n is records 2n and 2n+1; a larger one is refused).
+inline constexpr std::uint64_t kMaxFrameNumber = 1ull << 62;
 // Bytes before a sealed frame's payload: number, header, header tag, payload tag.
 inline constexpr std::size_t kSealedFramePrefixBytes = 8 + kFrameHeaderBytes + 2 * kAeadTagBytes;
 
