@@ -70,7 +70,7 @@ struct Prober::Impl {
 
   ProberOptions options;
   const TimeSource* clock = &steadyTime();  // options.clock when given
-  std::vector<std::uint8_t> secret;
+  ProbeKey key{};
   std::vector<UniqueFd> sockets;  // one per local path
   std::vector<std::string> localEndpoints;
   mutable std::mutex mu;  // guards peers and counters
@@ -94,7 +94,7 @@ struct Prober::Impl {
         m.targetRank = rank;
         m.seq = ps.nextSeq++;
         m.sendTimeUs = now;
-        auto bytes = encodeProbe(m, secret);
+        auto bytes = encodeProbe(m, key);
         ps.estimator.onProbeSent(m.seq, now);
         // A probe the kernel will not take (a full buffer, a path that is down) is a lost
         // probe: the estimator counts it as one when its echo never comes.
@@ -126,7 +126,7 @@ struct Prober::Impl {
       if (n < 0) return read;
       ++read;
       const std::int64_t now = clock->nowUs();
-      auto m = decodeProbe(std::span<const std::uint8_t>(buf, static_cast<std::size_t>(n)), secret);
+      auto m = decodeProbe(std::span<const std::uint8_t>(buf, static_cast<std::size_t>(n)), key);
       std::lock_guard<std::mutex> lock(mu);
       if (!m.isOk() || m->sessionId != options.sessionId) {
         if (counters.rejected++ < 3) {
@@ -142,7 +142,7 @@ struct Prober::Impl {
         }
         ProbeMessage echo = m.value();
         echo.type = ProbeType::kEcho;
-        auto bytes = encodeProbe(echo, secret);
+        auto bytes = encodeProbe(echo, key);
         // An echo that cannot be sent is a lost probe to the peer, which counts it so.
         (void)::sendto(sockets[path].get(), bytes.data(), bytes.size(), MSG_DONTWAIT,
                        reinterpret_cast<sockaddr*>(&from), len);
@@ -206,7 +206,8 @@ Result<std::unique_ptr<Prober>> Prober::create(ProberOptions options) {
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
   if (impl->options.clock) impl->clock = impl->options.clock.get();
-  impl->secret.assign(impl->options.secret.begin(), impl->options.secret.end());
+  impl->key = probeKey(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(impl->options.secret.data()),
+                                                    impl->options.secret.size()));
   for (const auto& addr : impl->options.localAddresses) {
     UniqueFd fd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (!fd.valid()) return internalError("probe socket: {}", std::strerror(errno));
