@@ -204,6 +204,17 @@ Result<std::unique_ptr<Communicator>> Communicator::create(bootstrap::Store& sto
   MERIDIAN_ASSIGN_OR_RETURN(const transport::GroupInfo group,
                             comm->device_->joinGroup(exchange, comm->sessionId_, deadline));
   comm->allSameHost_ = group.everyPairReadsDirect;
+  MERIDIAN_ASSIGN_OR_RETURN(const std::string shm, readKnobChoice(knobs::kShm, opts.shm));
+  if (shm == "auto" && worldSize > 1) {
+    std::string why;
+    MERIDIAN_ASSIGN_OR_RETURN(comm->shm_, HostArena::join(exchange, opts.secret, comm->sessionId_, deadline, &why));
+    if (comm->shm_) {
+      MLOG_INFO(kCollectives, "rank {}: all {} ranks share this host: allreduce and barrier through shared memory",
+                rank, worldSize);
+    } else {
+      MLOG_INFO(kCollectives, "rank {}: no shared memory between the ranks ({})", rank, why);
+    }
+  }
 
   // Full mesh: connect to every higher rank, then take the lower ranks' connections.
   comm->channels_.resize(static_cast<std::size_t>(worldSize));
@@ -451,6 +462,8 @@ std::vector<transport::PathStats> Communicator::peerPathStats(int peer) const {
 }
 
 void Communicator::abortTransport(const Status& why) {
+  // Peers waiting on this rank in shared memory fail now, not at their deadline.
+  if (shm_) shm_->abort();
   if (control_) control_->stop();  // it reads the monitor and sends on the channels
   {
     std::unique_ptr<routing::PathMonitor> monitor;

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "collectives/algorithms/algorithm.h"
+#include "collectives/host_arena.h"
 #include "collectives/plan_sync.h"
 #include "collectives/routing_control.h"
 #include "bootstrap/store.h"
@@ -67,6 +68,7 @@ struct CommOptions {
   bool probe = true;
   std::chrono::milliseconds probeInterval{0};  // 0: MERIDIAN_PROBE_INTERVAL_MS
   std::string algo;                            // allreduce algorithm; empty: MERIDIAN_ALGO
+  std::string shm;                             // "auto" or "off"; empty: MERIDIAN_SHM
   std::string region;                          // empty: MERIDIAN_REGION (may stay empty)
   // Plan checkpoints at most this many collectives apart (0: 1024); 1 makes every
   // collective a checkpoint (tests of plan switching).
@@ -127,6 +129,8 @@ class Communicator {
   // docs/transport.md): allreduces above the small-message threshold then take the direct
   // exchange when MERIDIAN_ALGO=auto and there are at most 8 ranks.
   bool allRanksOnOneHost() const { return allSameHost_; }
+  // Allreduce and barrier run through shared memory (every rank on this host, MERIDIAN_SHM=auto).
+  bool sharedMemory() const { return shm_ != nullptr; }
   // MERIDIAN_ALGO as resolved: "auto" follows the plan in force, anything else pins it.
   const std::string& allreduceAlgorithm() const { return algo_; }
   // The region groups large allreduces run hierarchically over (none: flat).
@@ -222,6 +226,7 @@ class Communicator {
   Status reduceArgs(const void* send, const void* recv, std::size_t count, DataType dtype, ReduceOp op,
                     int root) const;
   Status p2pArgs(const void* buf, std::size_t count, DataType dtype, int peer) const;
+  Body barrierBody();
   Body allreduceBody(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op);
   Body reduceScatterBody(const void* send, void* recv, std::size_t recvCount, ReduceOp op);
   Body broadcastBody(const void* send, void* recv, std::size_t count, int root);
@@ -256,6 +261,9 @@ class Communicator {
   // Every pair of ranks reads each other directly (one host): auto then runs allreduces
   // above the small-message threshold as a direct exchange, when there are few ranks.
   bool allSameHost_ = false;
+  // Every rank shares this host and maps every rank's segment (MERIDIAN_SHM=auto): allreduce
+  // and barrier under MERIDIAN_ALGO=auto run through it.
+  std::unique_ptr<HostArena> shm_;
   std::optional<Hierarchy> hierarchy_;    // ranks grouped by region, when the regions allow
   // Touched only by the thread executing an op (or the destructor after the worker quit).
   RequestTracker opRequests_;                    // the current op's requests

@@ -86,8 +86,13 @@ Communicator::Body Communicator::allreduceBody(const void* send, void* recv, std
   // waiting for a neighbour that may be off its core. Every rank knows the same masks.
   const bool direct = algo == AlgoChoice::kDirect ||
                       (algo == AlgoChoice::kAuto && allSameHost_ && size_ <= kDirectSameHostMaxRanks && bytes > small);
+  HostArena* shm = algo == AlgoChoice::kAuto ? shm_.get() : nullptr;
   return [=](const AlgoContext& ctx, Work&) -> Status {
     if (count == 0) return Status::ok();
+    if (shm != nullptr) {
+      MERIDIAN_RETURN_IF_ERROR(shm->allreduce(send, recv, count, ctx.dtype, wireOp(op), ctx.deadline));
+      return finishAvg(ctx, recv, count, op);
+    }
     if (direct) {
       if (send != recv) std::memcpy(recv, send, bytes);
       return directAllreduce(ctx, static_cast<std::byte*>(recv), count, wireOp(op),
@@ -251,14 +256,17 @@ Communicator::WorkPtr Communicator::reduceAsync(const void* send, void* recv, st
                 std::move(invalid));
 }
 
-Status Communicator::barrier() {
-  return runSync(OpKind::kBarrier, DataType::kF32, 0,
-                 [](const AlgoContext& ctx, Work&) { return disseminationBarrier(ctx); }, Status::ok());
+Communicator::Body Communicator::barrierBody() {
+  HostArena* shm = algoChoice_ == AlgoChoice::kAuto ? shm_.get() : nullptr;
+  return [shm](const AlgoContext& ctx, Work&) {
+    return shm != nullptr ? shm->barrier(ctx.deadline) : disseminationBarrier(ctx);
+  };
 }
 
+Status Communicator::barrier() { return runSync(OpKind::kBarrier, DataType::kF32, 0, barrierBody(), Status::ok()); }
+
 Communicator::WorkPtr Communicator::barrierAsync() {
-  return submit(OpKind::kBarrier, DataType::kF32, 0,
-                [](const AlgoContext& ctx, Work&) { return disseminationBarrier(ctx); }, Status::ok());
+  return submit(OpKind::kBarrier, DataType::kF32, 0, barrierBody(), Status::ok());
 }
 
 // ---- Point to point -------------------------------------------------------------------

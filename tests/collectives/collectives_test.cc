@@ -452,6 +452,7 @@ TEST_F(CollectivesTest, ProbesEveryPathToEveryPeerAndKnowsTheRegions) {
 // bulk allreduces make every path to a ring neighbour busy, and their rates reach the detectors.
 TEST_F(CollectivesTest, TheMonitorJudgesTheChannelsDeliveryRateWhileAPathIsBusy) {
   CommOptions opts;
+  opts.shm = "off";  // the allreduces must cross the channels
   opts.localAddresses = {"127.0.0.1", "127.0.0.2"};
   opts.probeInterval = std::chrono::milliseconds(10);
   opts.timeout = std::chrono::seconds(60);

@@ -22,7 +22,11 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <dirent.h>
+
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 extern char** environ;
 
@@ -102,7 +106,8 @@ LaunchResult launchOnce(int worldSize, int port, const std::vector<std::string>&
     std::string v(*e);
     if (v.rfind("MERIDIAN_RANK=", 0) == 0 || v.rfind("MERIDIAN_WORLD_SIZE=", 0) == 0 ||
         v.rfind("MERIDIAN_STORE=", 0) == 0 || v.rfind("MERIDIAN_RING_SEGMENT_BYTES=", 0) == 0 ||
-        v.rfind("MERIDIAN_TIMEOUT_MS=", 0) == 0 || v.rfind("MERIDIAN_DIRECT_READ=", 0) == 0) {
+        v.rfind("MERIDIAN_TIMEOUT_MS=", 0) == 0 || v.rfind("MERIDIAN_DIRECT_READ=", 0) == 0 ||
+        v.rfind("MERIDIAN_SHM=", 0) == 0) {
       continue;
     }
     baseEnv.push_back(std::move(v));
@@ -185,7 +190,9 @@ void sayWhenDirectReadsAreUntested() {
   ::testing::Test::RecordProperty("direct_reads", why);
 }
 
-void runWorld(int worldSize, const std::vector<std::string>& extraEnv = {}) {
+// With `victim` >= 0 that rank is expected to die by SIGKILL and the others to end cleanly
+// after the error their logs show.
+void runWorld(int worldSize, const std::vector<std::string>& extraEnv = {}, int victim = -1) {
   if (worldSize > 1) sayWhenDirectReadsAreUntested();
   LaunchResult result;
   for (int attempt = 0; attempt < 5; ++attempt) {
@@ -198,10 +205,13 @@ void runWorld(int worldSize, const std::vector<std::string>& extraEnv = {}) {
   EXPECT_FALSE(result.timedOut) << "ranks still running after " << kRunDeadline.count() << " s were killed";
   for (std::size_t r = 0; r < result.ranks.size(); ++r) {
     const auto& p = result.ranks[r];
-    EXPECT_EQ(p.exitCode, 0) << "rank " << r << " of " << worldSize << " exited with " << p.exitCode << "; log:\n"
-                             << readFile(p.logPath);
+    const int expected = static_cast<int>(r) == victim ? 128 + SIGKILL : 0;
+    EXPECT_EQ(p.exitCode, expected) << "rank " << r << " of " << worldSize << " exited with " << p.exitCode
+                                    << "; log:\n"
+                                    << readFile(p.logPath);
     // A normal end logs no errors (docs/errors.md): closing down is not a failure.
-    if (p.exitCode == 0) {
+    if (p.exitCode == expected && victim >= 0) std::remove(p.logPath.c_str());
+    if (p.exitCode == 0 && victim < 0) {
       const std::string log = readFile(p.logPath);
       EXPECT_EQ(log.find("[error]"), std::string::npos) << "rank " << r << " logged an error on a clean run:\n" << log;
       std::remove(p.logPath.c_str());
@@ -210,15 +220,40 @@ void runWorld(int worldSize, const std::vector<std::string>& extraEnv = {}) {
 }
 
 TEST(CollectivesProcessTest, OneRank) { runWorld(1); }
-TEST(CollectivesProcessTest, TwoRanks) { runWorld(2); }
-TEST(CollectivesProcessTest, ThreeRanks) { runWorld(3); }
+// Ranks on one host: allreduce and barrier through shared memory (the default).
+TEST(CollectivesProcessTest, TwoRanks) { runWorld(2, {"MERIDIAN_TEST_EXPECT_SHM=1"}); }
+TEST(CollectivesProcessTest, ThreeRanks) { runWorld(3, {"MERIDIAN_TEST_EXPECT_SHM=1"}); }
+TEST(CollectivesProcessTest, FourRanks) { runWorld(4, {"MERIDIAN_TEST_EXPECT_SHM=1"}); }
+// A rank killed while the others are in an allreduce with it: they fail within seconds
+// (not at their 60 s deadline), and no segment of the job is left in /dev/shm.
+TEST(CollectivesProcessTest, ARankKilledInAnAllreduceFailsTheOthersAndLeavesNoSegment) {
+  auto segments = [] {
+    std::vector<std::string> names;
+    if (DIR* d = ::opendir("/dev/shm")) {
+      while (dirent* e = ::readdir(d)) {
+        if (std::string(e->d_name).rfind("meridian-", 0) == 0) names.emplace_back(e->d_name);
+      }
+      ::closedir(d);
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  const auto before = segments();
+  runWorld(3, {"MERIDIAN_TEST_KILL_RANK=1", "MERIDIAN_TEST_EXPECT_SHM=1"}, 1);
+  EXPECT_EQ(segments(), before) << "the job left shared-memory segments behind";
+}
+// The same over the channels (TCP, same-host direct reads).
+TEST(CollectivesProcessTest, ThreeRanksWithoutSharedMemory) {
+  runWorld(3, {"MERIDIAN_SHM=off", "MERIDIAN_TEST_EXPECT_SHM=0"});
+}
 // Every collective over channels of one TCP path and one fabric path (libfabric's real
 // providers; the worker checks that each fabric path carried chunks).
 TEST(CollectivesProcessTest, ThreeRanksWithFabricPathsOnTcpOfiRxm) {
-  runWorld(3, {"MERIDIAN_FABRIC=on", "MERIDIAN_FABRIC_PROVIDER=tcp;ofi_rxm", "MERIDIAN_TEST_EXPECT_FABRIC=1"});
+  runWorld(3, {"MERIDIAN_SHM=off", "MERIDIAN_FABRIC=on", "MERIDIAN_FABRIC_PROVIDER=tcp;ofi_rxm",
+               "MERIDIAN_TEST_EXPECT_FABRIC=1"});
 }
 TEST(CollectivesProcessTest, ThreeRanksWithFabricPathsOnShm) {
-  runWorld(3, {"MERIDIAN_FABRIC=on", "MERIDIAN_FABRIC_PROVIDER=shm", "MERIDIAN_TEST_EXPECT_FABRIC=1"});
+  runWorld(3, {"MERIDIAN_SHM=off", "MERIDIAN_FABRIC=on", "MERIDIAN_FABRIC_PROVIDER=shm", "MERIDIAN_TEST_EXPECT_FABRIC=1"});
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 // world size and store from MERIDIAN_* like any Meridian program, runs the collective
 // checks and exits 0 when all passed, 1 on a failed check, 2 when set-up failed, and
 // kExitStorePortTaken when rank 0 could not bind the store port (the test retries).
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -27,6 +29,24 @@ int main() {
   }
   collectives::Communicator& c = *comm.value();
   const int n = c.size();
+  // MERIDIAN_TEST_KILL_RANK=v: allreduces until rank v kills itself (SIGKILL) at the start of
+  // its fourth; the others must see their allreduce fail within 10 s (a peer error, not
+  // their 60 s timeout) and then exit 0.
+  if (const char* victim = std::getenv("MERIDIAN_TEST_KILL_RANK"); victim != nullptr) {
+    std::vector<float> buf(256 * 1024, 1.0f);
+    for (int i = 0; i < 1000; ++i) {
+      if (c.rank() == std::atoi(victim) && i == 3) std::raise(SIGKILL);
+      const auto t0 = std::chrono::steady_clock::now();
+      const Status st = c.allreduce(buf.data(), buf.data(), buf.size(), DataType::kF32, ReduceOp::kMax);
+      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!st.isOk()) {
+        std::fprintf(stderr, "rank %d: allreduce %d failed after %.3f s: %s\n", c.rank(), i, sec, st.toString().c_str());
+        return sec < 10.0 ? 0 : 1;
+      }
+    }
+    std::fprintf(stderr, "rank %d: 1000 allreduces and rank %s never died\n", c.rank(), victim);
+    return 1;
+  }
   std::vector<std::string> failures;
   auto check = [&](std::string result) {
     if (!result.empty()) failures.push_back(std::move(result));
@@ -49,7 +69,18 @@ int main() {
       failures.push_back(std::string("all ranks on one host: ") + (want ? "expected, not seen" : "seen, not expected"));
     }
   }
+  // Shared memory (MERIDIAN_SHM=auto, every rank on this host): the test may insist either way.
+  if (const char* expect = std::getenv("MERIDIAN_TEST_EXPECT_SHM"); expect != nullptr && n > 1) {
+    const bool want = std::string(expect) == "1";
+    if (c.sharedMemory() != want) {
+      failures.push_back(std::string("shared memory: ") + (want ? "expected, not in use" : "in use, not expected"));
+    }
+  }
   const std::size_t twoWindows = collectives::kDirectWindowBytes / sizeof(float) + 513;
+  // Over more than one shared-memory window, ending in a window small enough for every rank
+  // to reduce it whole.
+  check(checkAllreduce(c, 2 * collectives::HostArena::kWindowBytes / sizeof(float) + 1001, DataType::kF32,
+                       ReduceOp::kSum, false));
   check(checkAllreduce(c, twoWindows, DataType::kF32, ReduceOp::kAvg, false));
   check(checkAllreduce(c, twoWindows, DataType::kI32, ReduceOp::kAvg, true));
   check(checkAllreduce(c, 1023, DataType::kF16, ReduceOp::kProd, false));

@@ -1,0 +1,302 @@
+// HostArena: same-host collectives over shared memory (see host_arena.h).
+#include "collectives/host_arena.h"
+
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+
+#include "core/log.h"
+#include "core/secret.h"
+#include "kernels/reduce.h"
+#include "transport/tcp/direct_read.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define MERIDIAN_CPU_RELAX() _mm_pause()
+#else
+#define MERIDIAN_CPU_RELAX() std::atomic_signal_fence(std::memory_order_seq_cst)
+#endif
+
+namespace meridian::collectives {
+
+using transport::shm::SegmentHeader;
+using transport::shm::SegmentOffer;
+using transport::shm::ShmSegment;
+using transport::shm::kSegmentHeaderBytes;
+
+struct HostArena::Flags {
+  alignas(128) std::uint32_t arrived;
+  alignas(128) std::uint32_t reduced;
+  alignas(128) std::uint32_t waiters;
+  alignas(128) std::uint32_t aborted;
+};
+
+namespace {
+
+constexpr std::size_t kFlagsOffset = 256;
+static_assert(sizeof(SegmentHeader) <= kFlagsOffset);
+constexpr int kSpinRounds = 4000;        // ~10-40 us of pause before sleeping
+constexpr long kSleepSliceNs = 1'000'000;  // a sleeper looks at the deadline and the peer this often
+
+std::atomic_ref<std::uint32_t> at(std::uint32_t& word) { return std::atomic_ref<std::uint32_t>(word); }
+
+// Op numbers wrap: "reached" is a signed distance, as TCP's sequence numbers.
+bool reached(std::uint32_t flag, std::uint32_t value) { return static_cast<std::int32_t>(flag - value) >= 0; }
+
+std::string segmentTag(std::string_view secret, std::uint64_t sessionId) {
+  std::string info = "meridian shm ";
+  info.append(reinterpret_cast<const char*>(&sessionId), sizeof(sessionId));
+  const Hmac256 mac = hmacSha256(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(secret.data()),
+                                                               secret.size()),
+                                 std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(info.data()),
+                                                               info.size()));
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string tag;
+  for (int i = 0; i < 8; ++i) {
+    tag.push_back(kDigits[mac[i] >> 4]);
+    tag.push_back(kDigits[mac[i] & 15]);
+  }
+  return tag;
+}
+
+// Gone, or a zombie nobody reaped yet (kill(pid, 0) still succeeds on those).
+bool processAlive(std::int32_t pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+  char path[32];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  std::FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return true;  // no /proc: kill() is all we know
+  char line[512] = {};
+  const std::size_t n = std::fread(line, 1, sizeof(line) - 1, f);
+  std::fclose(f);
+  const char* close = std::strrchr(line, ')');  // the command name may hold spaces and parentheses
+  if (n == 0 || close == nullptr || close[1] != ' ') return true;
+  return close[2] != 'Z' && close[2] != 'X';
+}
+
+std::span<const std::uint8_t> bytesOf(const std::string& s) {
+  return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
+}
+
+}  // namespace
+
+Result<std::unique_ptr<HostArena>> HostArena::join(transport::GroupExchange& exchange, std::string_view secret,
+                                                   std::uint64_t sessionId, TimePoint deadline, std::string* why) {
+  const int n = exchange.size();
+  const int rank = exchange.rank();
+  static std::once_flag sweep;
+  std::call_once(sweep, [] { transport::shm::removeStaleSegments(); });
+
+  // Every rank takes part in both exchanges whatever happens here, so that all reach the
+  // same verdict instead of some waiting for an offer that never comes.
+  std::unique_ptr<HostArena> arena(new HostArena());
+  arena->rank_ = rank;
+  std::string mine;
+  std::string reason;
+  if (n < 2 || n > kMaxRanks) {
+    reason = fmt::format("{} ranks (shared memory serves 2 to {})", n, kMaxRanks);
+  } else {
+    auto seg = ShmSegment::create(segmentTag(secret, sessionId), kSegmentBytes);
+    if (seg.isOk()) {
+      mine = transport::tcp::localHostKey() + "\n" + transport::shm::encodeSegmentOffer(seg->offer());
+      arena->segments_.resize(static_cast<std::size_t>(n));
+      arena->segments_[static_cast<std::size_t>(rank)] = std::move(seg).value();
+    } else {
+      reason = seg.status().message();
+    }
+  }
+  MERIDIAN_ASSIGN_OR_RETURN(auto offers, exchange.allGather("shm-offer", bytesOf(mine), deadline));
+  if (offers.size() != static_cast<std::size_t>(n)) {
+    return internalError("the exchange returned {} shared-memory offers for {} ranks", offers.size(), n);
+  }
+  std::string mapped(static_cast<std::size_t>(n), '1');
+  const std::string hostKey = transport::tcp::localHostKey();
+  for (int p = 0; p < n && reason.empty(); ++p) {
+    if (p == rank) continue;
+    const std::string_view o(reinterpret_cast<const char*>(offers[p].data()), offers[p].size());
+    const std::size_t nl = o.find('\n');
+    if (o.empty() || nl == std::string_view::npos) {
+      reason = fmt::format("rank {} has no shared-memory segment", p);
+    } else if (o.substr(0, nl) != hostKey) {
+      reason = fmt::format("rank {} runs on another host (or in other namespaces)", p);
+    } else {
+      MERIDIAN_ASSIGN_OR_RETURN(SegmentOffer offer, transport::shm::decodeSegmentOffer(o.substr(nl + 1), kSegmentBytes + 65536));
+      if (offer.bytes != arena->segments_[static_cast<std::size_t>(rank)].bytes()) {
+        reason = fmt::format("rank {} offers a segment of {} bytes, this build uses {}", p, offer.bytes,
+                             arena->segments_[static_cast<std::size_t>(rank)].bytes());
+        continue;
+      }
+      auto seg = ShmSegment::open(offer);
+      if (!seg.isOk()) {
+        reason = fmt::format("rank {}: {}", p, seg.status().message());
+        continue;
+      }
+      arena->segments_[static_cast<std::size_t>(p)] = std::move(seg).value();
+    }
+  }
+  if (!reason.empty()) mapped.assign(static_cast<std::size_t>(n), '0');
+  MERIDIAN_ASSIGN_OR_RETURN(auto masks, exchange.allGather("shm-mapped", bytesOf(mapped), deadline));
+  // Every rank has finished opening: the names are no longer needed by anyone.
+  if (!arena->segments_.empty()) arena->segments_[static_cast<std::size_t>(rank)].unlink();
+  for (int p = 0; p < n && reason.empty(); ++p) {
+    const auto& m = masks[static_cast<std::size_t>(p)];
+    if (m.size() != static_cast<std::size_t>(n) || std::count(m.begin(), m.end(), '1') != n) {
+      reason = fmt::format("rank {} could not map every segment", p);
+    }
+  }
+  if (!reason.empty()) {
+    if (why != nullptr) *why = reason;
+    return std::unique_ptr<HostArena>();
+  }
+  return arena;
+}
+
+HostArena::~HostArena() = default;
+
+HostArena::Flags& HostArena::flags(int r) const {
+  return *reinterpret_cast<Flags*>(segments_[static_cast<std::size_t>(r)].data() + kFlagsOffset);
+}
+
+std::uint8_t* HostArena::input(int r, std::uint32_t op) const {
+  return segments_[static_cast<std::size_t>(r)].data() + kSegmentHeaderBytes + (op & 1) * kWindowBytes;
+}
+
+std::uint8_t* HostArena::result(int r, std::uint32_t op) const {
+  return segments_[static_cast<std::size_t>(r)].data() + kSegmentHeaderBytes + (2 + (op & 1)) * kWindowBytes;
+}
+
+void HostArena::publish(std::uint32_t Flags::*which, std::uint32_t value) {
+  Flags& f = flags(rank_);
+  at(f.*which).store(value, std::memory_order_seq_cst);
+  // Dekker with the sleeper: it counts itself in `waiters` and then checks the flag; we set
+  // the flag and then check `waiters` (both seq_cst), so one of us sees the other.
+  if (at(f.waiters).load(std::memory_order_seq_cst) != 0) {
+    ::syscall(SYS_futex, &(f.*which), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+  }
+}
+
+void HostArena::abort() {
+  Flags& f = flags(rank_);
+  at(f.aborted).store(1, std::memory_order_seq_cst);
+  if (at(f.waiters).load(std::memory_order_seq_cst) != 0) {
+    ::syscall(SYS_futex, &f.arrived, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+    ::syscall(SYS_futex, &f.reduced, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+  }
+}
+
+Status HostArena::waitOne(int peer, std::uint32_t Flags::*which, std::uint32_t value, TimePoint deadline,
+                          const char* what) {
+  Flags& f = flags(peer);
+  std::uint32_t& word = f.*which;
+  const std::int32_t pid = segments_[static_cast<std::size_t>(peer)].header().ownerPid;
+  auto left = [&]() -> Status {
+    if (at(flags(rank_).aborted).load(std::memory_order_acquire) != 0) {
+      return commError("this rank left the shared-memory group (its communicator broke) during op {}", value);
+    }
+    if (at(f.aborted).load(std::memory_order_acquire) != 0) {
+      return peerError("rank {} (pid {}) left the shared-memory group (its communicator broke) before its {} for "
+                       "op {}",
+                       peer, pid, what, value);
+    }
+    return Status::ok();
+  };
+  for (int i = 0; i < kSpinRounds; ++i) {
+    if (reached(at(word).load(std::memory_order_acquire), value)) return Status::ok();
+    MERIDIAN_CPU_RELAX();
+  }
+  MERIDIAN_RETURN_IF_ERROR(left());
+  for (;;) {
+    at(f.waiters).fetch_add(1, std::memory_order_seq_cst);
+    const std::uint32_t seen = at(word).load(std::memory_order_seq_cst);
+    if (!reached(seen, value)) {
+      const timespec slice{0, kSleepSliceNs};
+      ::syscall(SYS_futex, &word, FUTEX_WAIT, seen, &slice, nullptr, 0);
+    }
+    at(f.waiters).fetch_sub(1, std::memory_order_seq_cst);
+    if (reached(at(word).load(std::memory_order_acquire), value)) return Status::ok();
+    MERIDIAN_RETURN_IF_ERROR(left());
+    if (!processAlive(pid)) {
+      return peerError("rank {} (pid {}) died before its {} for shared-memory op {}", peer, pid, what, value);
+    }
+    if (Clock::now() >= deadline) {
+      return timeoutError("rank {} (pid {}) did not publish its {} for shared-memory op {} before the deadline", peer,
+                          pid, what, value);
+    }
+  }
+}
+
+Status HostArena::waitAll(std::uint32_t Flags::*which, std::uint32_t value, TimePoint deadline, const char* what) {
+  for (int p = 0; p < size(); ++p) {
+    if (p == rank_) continue;
+    MERIDIAN_RETURN_IF_ERROR(waitOne(p, which, value, deadline, what));
+  }
+  return Status::ok();
+}
+
+Status HostArena::fail(Status st) {
+  broken_ = st;
+  return st;
+}
+
+Status HostArena::barrier(TimePoint deadline) {
+  if (!broken_.isOk()) return broken_;
+  const std::uint32_t op = ++op_;
+  publish(&Flags::arrived, op);
+  if (Status st = waitAll(&Flags::arrived, op, deadline, "arrival"); !st.isOk()) return fail(st);
+  // The window of this op number was not written: keep `reduced` in step for the next ops.
+  publish(&Flags::reduced, op);
+  return Status::ok();
+}
+
+Status HostArena::allreduce(const void* send, void* recv, std::size_t count, kernels::DataType dtype,
+                            kernels::ReduceOp op, TimePoint deadline) {
+  if (!broken_.isOk()) return broken_;
+  const std::size_t elem = kernels::dataTypeSize(dtype);
+  const int n = size();
+  const std::size_t windowElems = kWindowBytes / elem;
+  const auto* in = static_cast<const std::uint8_t*>(send);
+  auto* out = static_cast<std::uint8_t*>(recv);
+  for (std::size_t done = 0; done < count;) {
+    const std::size_t elems = std::min(windowElems, count - done);
+    const std::size_t bytes = elems * elem;
+    const std::uint32_t s = ++op_;
+    std::memcpy(input(rank_, s), in + done * elem, bytes);
+    publish(&Flags::arrived, s);
+    if (Status st = waitAll(&Flags::arrived, s, deadline, "input"); !st.isOk()) return fail(st);
+    std::uint8_t* dst = out + done * elem;
+    if (bytes <= kEveryoneReducesBytes) {
+      // In rank order, so every rank gets the same bits.
+      kernels::reduce(dst, input(0, s), input(1, s), elems, dtype, op);
+      for (int p = 2; p < n; ++p) kernels::reduceInto(dst, input(p, s), elems, dtype, op);
+      publish(&Flags::reduced, s);
+    } else {
+      // My slice: elements [lo, hi) of the window, reduced out of every rank's input.
+      const std::size_t per = elems / static_cast<std::size_t>(n), extra = elems % static_cast<std::size_t>(n);
+      auto lo = [&](int r) { return static_cast<std::size_t>(r) * per + std::min<std::size_t>(r, extra); };
+      const std::size_t mineLo = lo(rank_), mineElems = lo(rank_ + 1) - mineLo;
+      if (mineElems > 0) {
+        std::uint8_t* res = result(rank_, s) + mineLo * elem;
+        kernels::reduce(res, input(0, s) + mineLo * elem, input(1, s) + mineLo * elem, mineElems, dtype, op);
+        for (int p = 2; p < n; ++p) kernels::reduceInto(res, input(p, s) + mineLo * elem, mineElems, dtype, op);
+      }
+      publish(&Flags::reduced, s);
+      if (Status st = waitAll(&Flags::reduced, s, deadline, "reduced slice"); !st.isOk()) return fail(st);
+      for (int p = 0; p < n; ++p) {
+        const std::size_t pLo = lo(p), pElems = lo(p + 1) - pLo;
+        if (pElems > 0) std::memcpy(dst + pLo * elem, result(p, s) + pLo * elem, pElems * elem);
+      }
+    }
+    done += elems;
+  }
+  return Status::ok();
+}
+
+}  // namespace meridian::collectives

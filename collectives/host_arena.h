@@ -1,0 +1,106 @@
+// HostArena: the ranks of a group that share one host, each with a shared-memory segment
+// (transport/shm/segment.h) that every other maps, and collectives that use that memory the way
+// memory wants to be used: no sockets, no progress thread, no copies a CPU need not make.
+//
+// Segment of rank r (one per rank, mapped by all):
+//   header page   identity (SegmentHeader), then r's flags, each on its own 128-byte line:
+//                 `arrived` (r's input for op s is in place), `reduced` (r's slice of op s
+//                 is reduced), `waiters` (peers asleep on r's flags), `aborted` (r left:
+//                 its communicator broke)
+//   inputs        two windows of kWindowBytes, alternating by op number
+//   results       two windows of kWindowBytes, alternating by op number
+//
+// Allreduce, window by window (each window one op number s, the same on every rank since
+// collectives run in the same order everywhere):
+//   1. copy my window of the input into my inputs[s % 2], publish arrived = s;
+//   2. small windows (<= kEveryoneReducesBytes): wait for every rank's arrived, then reduce
+//      all n inputs into my output, in rank order (every rank computes the same bits): one
+//      synchronisation, nothing else;
+//   3. otherwise: wait for every rank's arrived, reduce my 1/n slice of all n inputs in one
+//      vectorised pass (kernels::reduce) into my results[s % 2], publish reduced = s, wait
+//      for every rank's reduced, copy the n slices into my output.
+// Why two windows suffice without a "done reading" flag: a rank writes inputs[s % 2] again
+// at op s + 2, after it saw every rank's arrived for s + 1, which each rank publishes only
+// once it finished op s (its reads of everyone's window s included); results likewise.
+//
+// Waiting: spin on the flag for a few microseconds (a peer on another core publishes within
+// that), then sleep on it with a futex (FUTEX_WAIT on the shared page; the publisher wakes
+// sleepers when the owner's `waiters` says there are any), waking every millisecond to check
+// the deadline and that the peer's process still exists: a peer that died fails the op with
+// a peer error naming it, within a millisecond of its death being visible, never a hang. A
+// rank whose communicator broke sets its `aborted` flag and wakes its sleepers: they fail
+// at once rather than at their deadline.
+//
+// Threads: one op at a time (the communicator's worker); the arena itself is not shared
+// between threads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/status.h"
+#include "kernels/types.h"
+#include "transport/device.h"
+#include "transport/shm/segment.h"
+
+namespace meridian::collectives {
+
+class HostArena {
+ public:
+  static constexpr std::size_t kWindowBytes = std::size_t{1} << 20;
+  static constexpr std::size_t kEveryoneReducesBytes = 16 * 1024;
+  static constexpr int kMaxRanks = 64;
+  // A segment's bytes: the header page, two input and two result windows.
+  static constexpr std::size_t kSegmentBytes = transport::shm::kSegmentHeaderBytes + 4 * kWindowBytes;
+
+  // Every rank of `exchange`'s group calls it at the same point. When all of them share
+  // this host (the same boot, user and namespaces), have segments and mapped everyone's,
+  // returns the arena, the same decision on every rank; otherwise nullptr, with the reason
+  // in *why (each rank's own view). Errors only for a failed exchange (the deadline) or a
+  // peer that offered something malformed. `secret` and `sessionId` name the segments.
+  static Result<std::unique_ptr<HostArena>> join(transport::GroupExchange& exchange, std::string_view secret,
+                                                 std::uint64_t sessionId, TimePoint deadline, std::string* why);
+  ~HostArena();
+  HostArena(const HostArena&) = delete;
+  HostArena& operator=(const HostArena&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(segments_.size()); }
+
+  // recv[i] = op over ranks of send[i] (send == recv: in place). `op` is a reduction the
+  // kernels apply element-wise (kAvg reduces as a sum; the caller divides). A peer that
+  // died or missed the deadline: kPeerError or kTimeout naming it; the arena is then
+  // unusable (broken()) because ranks may be at different ops.
+  Status allreduce(const void* send, void* recv, std::size_t count, kernels::DataType dtype, kernels::ReduceOp op,
+                   TimePoint deadline);
+  // Returns once every rank called it.
+  Status barrier(TimePoint deadline);
+  const Status& broken() const { return broken_; }
+  // This rank leaves: peers waiting on it (now or later) fail at once with a peer error
+  // instead of waiting for their deadline, and so does this rank's own op in progress.
+  // Any thread may call it (the communicator does when it breaks).
+  void abort();
+
+ private:
+  HostArena() = default;
+  struct Flags;
+  Flags& flags(int r) const;
+  std::uint8_t* input(int r, std::uint32_t op) const;
+  std::uint8_t* result(int r, std::uint32_t op) const;
+  void publish(std::uint32_t Flags::*which, std::uint32_t value);
+  Status waitAll(std::uint32_t Flags::*which, std::uint32_t value, TimePoint deadline, const char* what);
+  Status waitOne(int peer, std::uint32_t Flags::*which, std::uint32_t value, TimePoint deadline, const char* what);
+  Status fail(Status st);
+
+  int rank_ = 0;
+  std::vector<transport::shm::ShmSegment> segments_;  // [rank_] is this rank's own
+  std::uint32_t op_ = 0;              // the number of the last op (window) run
+  Status broken_;
+};
+
+}  // namespace meridian::collectives
