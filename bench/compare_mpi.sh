@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# Side by side: Meridian's allreduce against OpenMPI's MPI_Allreduce (TCP BTL over
-# loopback, no shared memory; its default algorithm and its ring), same ranks, same
-# sizes. On this noisy machine one run of each says little, so the three contenders run
-# in turn ROUNDS times (default 5), and the tables give each one's median busbw per size
-# (and its range); the 8-byte latency is the median of ROUNDS runs of 2000 iterations
-# each, alternated the same way. Writes bench/results/allreduce-vs-openmpi-<ranks>ranks.md.
-# Both sides stay on loopback TCP: Meridian runs with MERIDIAN_DIRECT_READ=off (its same-host
-# direct reads are to OpenMPI's vader/CMA what the sockets are to the TCP BTL).
+# Side by side: Meridian's allreduce against OpenMPI's MPI_Allreduce, same ranks, same sizes,
+# in two configurations each:
+#   shared memory: OpenMPI with its defaults (vader shared memory with CMA single copies, as
+#     users run it) against Meridian with its defaults (ranks on one host: shared memory,
+#     MERIDIAN_SHM=auto);
+#   TCP only: OpenMPI's TCP BTL over loopback (its default algorithm and its ring) against
+#     Meridian with MERIDIAN_SHM=off MERIDIAN_DIRECT_READ=off (every byte through the sockets).
+# On this noisy machine one run of each says little, so the contenders run in turn ROUNDS
+# times (default 5), and the tables give each one's median busbw per size (and its range);
+# the 8-byte latency is the median of ROUNDS runs of 2000 iterations each, alternated the
+# same way. Writes bench/results/allreduce-vs-openmpi-<ranks>ranks.md.
 #
-# Usage: [ROUNDS=5] bench/compare_mpi.sh [BUILD_DIR] [RANKS ...]      (defaults: build, 2 4)
+# Usage: [ROUNDS=5] [SIZES="-b 8 -e 64M -f 2"] bench/compare_mpi.sh [BUILD_DIR] [RANKS ...]
+#        (defaults: build, 2 4)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
@@ -16,8 +20,9 @@ shift || true
 ranks=("$@")
 [ ${#ranks[@]} -gt 0 ] || ranks=(2 4)
 rounds=${ROUNDS:-5}
-sizes=(-b 8 -e 64M -f 2)
+read -r -a sizes <<< "${SIZES:--b 8 -e 64M -f 2}"
 lat=(-b 8 -e 8 -n 2000 -w 200)
+mpiSm=(mpirun --allow-run-as-root --oversubscribe)
 mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl tcp,self --mca btl_tcp_if_include lo
      --mca pml ob1)
 ring=(--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4)
@@ -32,12 +37,14 @@ contender() {
   local name=$1 n=$2
   shift 2
   case $name in
+    mpi-sm) "${mpiSm[@]}" -np "$n" "$build/bench/mpi-coll-bench" --ops all_reduce "$@" --label "defaults" ;;
+    meridian) "$build/bench/meridian-bench" --ranks "$n" --ops all_reduce "$@" ;;
     mpi-default) "${mpi[@]}" -np "$n" "$build/bench/mpi-coll-bench" --ops all_reduce "$@" --label "tcp btl, default" ;;
     mpi-ring) "${mpi[@]}" -np "$n" "${ring[@]}" "$build/bench/mpi-coll-bench" --ops all_reduce "$@" --label "tcp btl, ring" ;;
-    meridian) MERIDIAN_DIRECT_READ=off "$build/bench/meridian-bench" --ranks "$n" --ops all_reduce "$@" ;;
+    meridian-tcp) MERIDIAN_SHM=off MERIDIAN_DIRECT_READ=off "$build/bench/meridian-bench" --ranks "$n" --ops all_reduce "$@" ;;
   esac
 }
-names=(mpi-default mpi-ring meridian)
+names=(mpi-sm meridian mpi-default mpi-ring meridian-tcp)
 
 mkdir -p "$root/bench/results"
 for n in "${ranks[@]}"; do
@@ -46,7 +53,7 @@ for n in "${ranks[@]}"; do
   for ((r = 1; r <= rounds; r++)); do
     for c in "${names[@]}"; do
       echo "== $n ranks, round $r/$rounds: $c"
-      contender "$c" "$n" "${sizes[@]}" | tee "$tmp/$c.$r" | grep -E '^  all_reduce +(1048576|16777216|67108864) '
+      contender "$c" "$n" "${sizes[@]}" | tee "$tmp/$c.$r" | { grep -E '^  all_reduce +(65536|1048576|16777216|67108864) ' || true; }
       contender "$c" "$n" "${lat[@]}" | awk '/^  all_reduce/ {print $7}' > "$tmp/lat.$c.$r"
     done
   done
@@ -67,39 +74,44 @@ for n in "${ranks[@]}"; do
       kt = "t" SUBSEP $1 SUBSEP $2; val[kt, ++cnt[kt]] = $4
     }
     END {
-      printf "| size (B) | OpenMPI default busbw | OpenMPI ring busbw | Meridian busbw | Meridian / best OpenMPI | OpenMPI default time (us) | Meridian time (us) |\n"
-      printf "| --- | --- | --- | --- | --- | --- | --- |\n"
+      printf "| size (B) | OpenMPI defaults (shared memory) | Meridian defaults (shared memory) | ratio | OpenMPI TCP, default | OpenMPI TCP, ring | Meridian TCP | ratio TCP |\n"
+      printf "| --- | --- | --- | --- | --- | --- | --- | --- |\n"
       for (i = 1; i <= ns; i++) {
         s = order[i]
-        d = median("mpi-default" SUBSEP s); g = median("mpi-ring" SUBSEP s); m = median("meridian" SUBSEP s)
-        td = median("t" SUBSEP "mpi-default" SUBSEP s); tm = median("t" SUBSEP "meridian" SUBSEP s)
+        a = median("mpi-sm" SUBSEP s); b = median("meridian" SUBSEP s)
+        d = median("mpi-default" SUBSEP s); g = median("mpi-ring" SUBSEP s); m = median("meridian-tcp" SUBSEP s)
         best = d > g ? d : g
-        printf "| %s | %.3f (%.3f-%.3f) | %.3f (%.3f-%.3f) | %.3f (%.3f-%.3f) | %.2f | %.1f | %.1f |\n", s,
+        printf "| %s | %.3f (%.3f-%.3f) | %.3f (%.3f-%.3f) | %.2f | %.3f (%.3f-%.3f) | %.3f (%.3f-%.3f) | %.3f (%.3f-%.3f) | %.2f |\n", s,
+               a, lo["mpi-sm" SUBSEP s], hi["mpi-sm" SUBSEP s], b, lo["meridian" SUBSEP s], hi["meridian" SUBSEP s],
+               (a > 0 ? b / a : 0),
                d, lo["mpi-default" SUBSEP s], hi["mpi-default" SUBSEP s], g, lo["mpi-ring" SUBSEP s], hi["mpi-ring" SUBSEP s],
-               m, lo["meridian" SUBSEP s], hi["meridian" SUBSEP s], (best > 0 ? m / best : 0), td, tm
+               m, lo["meridian-tcp" SUBSEP s], hi["meridian-tcp" SUBSEP s], (best > 0 ? m / best : 0)
       }
     }')
   medianOf() { sort -g "$@" | awk '{v[NR] = $1} END {print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
-  mpiLat=$(medianOf "$tmp"/lat.mpi-default.*)
-  merLat=$(medianOf "$tmp"/lat.meridian.*)
-  latLine="8-byte allreduce latency, median of $rounds runs of 2000 iterations (after 200 warm-up), alternated: OpenMPI default ${mpiLat} us ($(sort -g "$tmp"/lat.mpi-default.* | paste -sd' ')), Meridian ${merLat} us ($(sort -g "$tmp"/lat.meridian.* | paste -sd' ')), ratio $(awk -v a="$merLat" -v b="$mpiLat" 'BEGIN {printf "%.2f", a / b}')"
+  latOf() { medianOf "$tmp"/lat."$1".*; }
+  runsOf() { sort -g "$tmp"/lat."$1".* | paste -sd' '; }
+  latLine="8-byte allreduce latency (us), median of $rounds runs of 2000 iterations (after 200 warm-up), alternated: OpenMPI defaults $(latOf mpi-sm) ($(runsOf mpi-sm)), Meridian defaults $(latOf meridian) ($(runsOf meridian)), ratio $(awk -v a="$(latOf meridian)" -v b="$(latOf mpi-sm)" 'BEGIN {printf "%.2f", a / b}'); TCP only: OpenMPI $(latOf mpi-default) ($(runsOf mpi-default)), Meridian $(latOf meridian-tcp) ($(runsOf meridian-tcp)), ratio $(awk -v a="$(latOf meridian-tcp)" -v b="$(latOf mpi-default)" 'BEGIN {printf "%.2f", a / b}')"
   echo "$latLine"
   {
     echo "# Allreduce, $n ranks on one machine: Meridian vs OpenMPI $(mpirun --version | head -1 | awk '{print $NF}')"
     echo
-    echo "Measured $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) cores ($(uname -m)), loopback TCP, f32 sum, Meridian at $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'), by:"
+    echo "Measured $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), f32 sum, Meridian at $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'), by:"
     echo
     echo '```'
     echo "ROUNDS=$rounds bench/compare_mpi.sh $build $n"
     echo "# = $rounds rounds, each running in turn:"
+    echo "#   ${mpiSm[*]} -np $n mpi-coll-bench --ops all_reduce ${sizes[*]}"
+    echo "#   meridian-bench --ranks $n --ops all_reduce ${sizes[*]}"
     echo "#   ${mpi[*]} -np $n mpi-coll-bench --ops all_reduce ${sizes[*]}"
     echo "#   the same with ${ring[*]}"
-    echo "#   MERIDIAN_DIRECT_READ=off meridian-bench --ranks $n --ops all_reduce ${sizes[*]}"
-    echo "#   and each of the three again with ${lat[*]} (latency)"
+    echo "#   MERIDIAN_SHM=off MERIDIAN_DIRECT_READ=off meridian-bench --ranks $n --ops all_reduce ${sizes[*]}"
+    echo "#   and each of the five again with ${lat[*]} (latency)"
     echo '```'
     echo
     echo "busbw in GB/s (nccl-tests convention, 2(n-1)/n x algbw): the median over the rounds, with the"
-    echo "lowest and highest in brackets. Ratio > 1: Meridian is faster."
+    echo "lowest and highest in brackets. Ratio > 1: Meridian is faster (\"ratio\": against OpenMPI's defaults;"
+    echo "\"ratio TCP\": against the better of OpenMPI's two TCP configurations)."
     echo
     echo "$table"
     echo

@@ -4,7 +4,10 @@
 #include <linux/futex.h>
 #include <signal.h>
 #include <sys/syscall.h>
+#include <sched.h>
 #include <unistd.h>
+
+#include <thread>
 
 #include <algorithm>
 #include <atomic>
@@ -44,6 +47,7 @@ namespace {
 constexpr std::size_t kFlagsOffset = 256;
 static_assert(sizeof(SegmentHeader) <= kFlagsOffset);
 constexpr int kSpinRounds = 4000;        // ~10-40 us of pause before sleeping
+constexpr int kYieldRounds = 200;        // ranks outnumber cores: yield instead, then sleep
 constexpr long kSleepSliceNs = 1'000'000;  // a sleeper looks at the deadline and the peer this often
 
 std::atomic_ref<std::uint32_t> at(std::uint32_t& word) { return std::atomic_ref<std::uint32_t>(word); }
@@ -99,6 +103,7 @@ Result<std::unique_ptr<HostArena>> HostArena::join(transport::GroupExchange& exc
   // same verdict instead of some waiting for an offer that never comes.
   std::unique_ptr<HostArena> arena(new HostArena());
   arena->rank_ = rank;
+  arena->shareCores_ = static_cast<unsigned>(n) > std::max(1u, std::thread::hardware_concurrency());
   std::string mine;
   std::string reason;
   if (n < 2 || n > kMaxRanks) {
@@ -208,9 +213,17 @@ Status HostArena::waitOne(int peer, std::uint32_t Flags::*which, std::uint32_t v
     }
     return Status::ok();
   };
-  for (int i = 0; i < kSpinRounds; ++i) {
-    if (reached(at(word).load(std::memory_order_acquire), value)) return Status::ok();
-    MERIDIAN_CPU_RELAX();
+  if (shareCores_) {
+    // More ranks than cores: the peer we wait for may need this very core to get there.
+    for (int i = 0; i < kYieldRounds; ++i) {
+      if (reached(at(word).load(std::memory_order_acquire), value)) return Status::ok();
+      ::sched_yield();
+    }
+  } else {
+    for (int i = 0; i < kSpinRounds; ++i) {
+      if (reached(at(word).load(std::memory_order_acquire), value)) return Status::ok();
+      MERIDIAN_CPU_RELAX();
+    }
   }
   MERIDIAN_RETURN_IF_ERROR(left());
   for (;;) {

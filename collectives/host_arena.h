@@ -24,7 +24,7 @@
 // once it finished op s (its reads of everyone's window s included); results likewise.
 //
 // Waiting: spin on the flag for a few microseconds (a peer on another core publishes within
-// that), then sleep on it with a futex (FUTEX_WAIT on the shared page; the publisher wakes
+// that; with more ranks than cores, yield the core instead: the peer may need it), then sleep on it with a futex (FUTEX_WAIT on the shared page; the publisher wakes
 // sleepers when the owner's `waiters` says there are any), waking every millisecond to check
 // the deadline and that the peer's process still exists: a peer that died fails the op with
 // a peer error naming it, within a millisecond of its death being visible, never a hang. A
@@ -100,6 +100,7 @@ class HostArena {
   int rank_ = 0;
   std::vector<transport::shm::ShmSegment> segments_;  // [rank_] is this rank's own
   std::uint32_t op_ = 0;              // the number of the last op (window) run
+  bool shareCores_ = false;           // more ranks than cores: waiters yield, not spin
   Status broken_;
 };
 

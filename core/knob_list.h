@@ -112,7 +112,8 @@
     "direct link is worse than two hops; off: never (every rank must agree).")                      \
   CHOICE(kAlgo, "MERIDIAN_ALGO", "auto",                                                            \
          "auto|ring|recursive_doubling|hierarchical|direct",                                        \
-    "Allreduce algorithm: auto (the direct exchange when at most 8 ranks all share one host, "      \
+    "Allreduce algorithm: auto (shared memory when every rank shares one host and MERIDIAN_SHM "    \
+    "allows, else the direct exchange when at most 8 ranks share one host and read each other, "   \
     "else the planner's choice once links are measured), ring, recursive_doubling, hierarchical "   \
     "(by region) or direct (two rounds of all-to-all exchange).")                                   \
   INT(kLinkStateIntervalMs, "MERIDIAN_LINK_STATE_INTERVAL_MS", "1000", 10, 3600000,                 \
