@@ -133,7 +133,13 @@ Result<std::unique_ptr<HostArena>> HostArena::join(transport::GroupExchange& exc
     } else if (o.substr(0, nl) != hostKey) {
       reason = fmt::format("rank {} runs on another host (or in other namespaces)", p);
     } else {
-      MERIDIAN_ASSIGN_OR_RETURN(SegmentOffer offer, transport::shm::decodeSegmentOffer(o.substr(nl + 1), kSegmentBytes + 65536));
+      auto decoded = transport::shm::decodeSegmentOffer(o.substr(nl + 1), kSegmentBytes + 65536);
+      if (!decoded.isOk()) {
+        // Said in the verdict, not returned: every rank must reach the second exchange.
+        reason = fmt::format("rank {}: {}", p, decoded.status().message());
+        continue;
+      }
+      const SegmentOffer& offer = decoded.value();
       if (offer.bytes != arena->segments_[static_cast<std::size_t>(rank)].bytes()) {
         reason = fmt::format("rank {} offers a segment of {} bytes, this build uses {}", p, offer.bytes,
                              arena->segments_[static_cast<std::size_t>(rank)].bytes());

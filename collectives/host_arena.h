@@ -61,8 +61,8 @@ class HostArena {
   // Every rank of `exchange`'s group calls it at the same point. When all of them share
   // this host (the same boot, user and namespaces), have segments and mapped everyone's,
   // returns the arena, the same decision on every rank; otherwise nullptr, with the reason
-  // in *why (each rank's own view). Errors only for a failed exchange (the deadline) or a
-  // peer that offered something malformed. `secret` and `sessionId` name the segments.
+  // in *why (each rank's own view; a malformed offer from a peer is one such reason). Errors
+  // only for a failed exchange (the deadline). `secret` and `sessionId` name the segments.
   static Result<std::unique_ptr<HostArena>> join(transport::GroupExchange& exchange, std::string_view secret,
                                                  std::uint64_t sessionId, TimePoint deadline, std::string* why);
   ~HostArena();
