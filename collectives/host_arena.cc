@@ -19,7 +19,6 @@
 #include "core/log.h"
 #include "core/secret.h"
 #include "kernels/reduce.h"
-#include "transport/tcp/direct_read.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -62,28 +61,8 @@ std::string segmentTag(std::string_view secret, std::uint64_t sessionId) {
                                                                secret.size()),
                                  std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(info.data()),
                                                                info.size()));
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string tag;
-  for (int i = 0; i < 8; ++i) {
-    tag.push_back(kDigits[mac[i] >> 4]);
-    tag.push_back(kDigits[mac[i] & 15]);
-  }
+  const std::string tag = hexOf(std::span<const std::uint8_t>(mac.data(), 8));
   return tag;
-}
-
-// Gone, or a zombie nobody reaped yet (kill(pid, 0) still succeeds on those).
-bool processAlive(std::int32_t pid) {
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
-  char path[32];
-  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
-  std::FILE* f = std::fopen(path, "r");
-  if (f == nullptr) return true;  // no /proc: kill() is all we know
-  char line[512] = {};
-  const std::size_t n = std::fread(line, 1, sizeof(line) - 1, f);
-  std::fclose(f);
-  const char* close = std::strrchr(line, ')');  // the command name may hold spaces and parentheses
-  if (n == 0 || close == nullptr || close[1] != ' ') return true;
-  return close[2] != 'Z' && close[2] != 'X';
 }
 
 std::span<const std::uint8_t> bytesOf(const std::string& s) {
@@ -111,7 +90,7 @@ Result<std::unique_ptr<HostArena>> HostArena::join(transport::GroupExchange& exc
   } else {
     auto seg = ShmSegment::create(segmentTag(secret, sessionId), kSegmentBytes);
     if (seg.isOk()) {
-      mine = transport::tcp::localHostKey() + "\n" + transport::shm::encodeSegmentOffer(seg->offer());
+      mine = transport::shm::localHostKey() + "\n" + transport::shm::encodeSegmentOffer(seg->offer());
       arena->segments_.resize(static_cast<std::size_t>(n));
       arena->segments_[static_cast<std::size_t>(rank)] = std::move(seg).value();
     } else {
@@ -123,7 +102,7 @@ Result<std::unique_ptr<HostArena>> HostArena::join(transport::GroupExchange& exc
     return internalError("the exchange returned {} shared-memory offers for {} ranks", offers.size(), n);
   }
   std::string mapped(static_cast<std::size_t>(n), '1');
-  const std::string hostKey = transport::tcp::localHostKey();
+  const std::string hostKey = transport::shm::localHostKey();
   for (int p = 0; p < n && reason.empty(); ++p) {
     if (p == rank) continue;
     const std::string_view o(reinterpret_cast<const char*>(offers[p].data()), offers[p].size());
@@ -242,7 +221,7 @@ Status HostArena::waitOne(int peer, std::uint32_t Flags::*which, std::uint32_t v
     at(f.waiters).fetch_sub(1, std::memory_order_seq_cst);
     if (reached(at(word).load(std::memory_order_acquire), value)) return Status::ok();
     MERIDIAN_RETURN_IF_ERROR(left());
-    if (!processAlive(pid)) {
+    if (!transport::shm::processAlive(pid)) {
       return peerError("rank {} (pid {}) died before its {} for shared-memory op {}", peer, pid, what, value);
     }
     if (Clock::now() >= deadline) {
@@ -270,8 +249,7 @@ Status HostArena::barrier(TimePoint deadline) {
   const std::uint32_t op = ++op_;
   publish(&Flags::arrived, op);
   if (Status st = waitAll(&Flags::arrived, op, deadline, "arrival"); !st.isOk()) return fail(st);
-  // The window of this op number was not written: keep `reduced` in step for the next ops.
-  publish(&Flags::reduced, op);
+  publish(&Flags::reduced, op);  // in step, as in allreduce's small windows
   return Status::ok();
 }
 
@@ -295,6 +273,8 @@ Status HostArena::allreduce(const void* send, void* recv, std::size_t count, ker
       // In rank order, so every rank gets the same bits.
       kernels::reduce(dst, input(0, s), input(1, s), elems, dtype, op);
       for (int p = 2; p < n; ++p) kernels::reduceInto(dst, input(p, s), elems, dtype, op);
+      // Unused by this op, but kept in step: op numbers wrap, and a flag 2^31 ops behind
+      // would read as ahead (reached() is a signed distance).
       publish(&Flags::reduced, s);
     } else {
       // My slice: elements [lo, hi) of the window, reduced out of every rank's input.

@@ -79,10 +79,12 @@ void randomBytes(std::span<std::uint8_t> out) {
   }
 }
 
+std::string hexOf(std::span<const std::uint8_t> bytes) { return fmt::format("{:02x}", fmt::join(bytes, "")); }
+
 std::string randomHex(std::size_t bytes) {
   std::vector<std::uint8_t> raw(bytes);
   randomBytes(raw);
-  return fmt::format("{:02x}", fmt::join(raw, ""));
+  return hexOf(raw);
 }
 
 }  // namespace meridian

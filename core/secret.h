@@ -27,6 +27,8 @@ Hmac256 hmacSha256(std::span<const std::uint8_t> key, std::span<const std::uint8
 bool equalDigests(const Hmac256& a, const Hmac256& b);
 // Cryptographically random bytes (OpenSSL RAND_bytes). Throws on failure.
 void randomBytes(std::span<std::uint8_t> out);
+// Bytes as lower-case hex.
+std::string hexOf(std::span<const std::uint8_t> bytes);
 // `bytes` random bytes as lower-case hex (secrets, keys and unpredictable names).
 std::string randomHex(std::size_t bytes);
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "transport/frame.h"
+#include "transport/shm/segment.h"
 #include "transport/tcp/direct_read.h"
 
 namespace meridian::transport::tcp {
@@ -20,7 +21,7 @@ std::span<const std::uint8_t> bytesOf(const std::string& s) {
 TEST(DirectReadOfferTest, RoundTripsThisProcesssOffer) {
   const DirectReadOffer mine = localDirectReadOffer();
   EXPECT_EQ(mine.pid, ::getpid());
-  EXPECT_EQ(mine.hostKey, localHostKey());
+  EXPECT_EQ(mine.hostKey, shm::localHostKey());
   auto back = decodeDirectReadOffer(bytesOf(encodeDirectReadOffer(mine)));
   ASSERT_TRUE(back.isOk()) << back.status().toString();
   EXPECT_EQ(back->hostKey, mine.hostKey);

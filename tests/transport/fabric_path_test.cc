@@ -541,17 +541,16 @@ std::string paramName(const ::testing::TestParamInfo<Param>& p) {
   return provider + "_" + std::string(wireSecurityName(p.param.security));
 }
 
+// tcp;ofi_rxm in every mode; shm sealed (and in clear, untapped).
+const Param kTcpParams[] = {{"tcp;ofi_rxm", WireSecurity::kEncrypt},
+                            {"tcp;ofi_rxm", WireSecurity::kAuthenticate},
+                            {"tcp;ofi_rxm", WireSecurity::kOff}};
 INSTANTIATE_TEST_SUITE_P(Providers, FabricPathTest,
-                         ::testing::Values(Param{"tcp;ofi_rxm", WireSecurity::kEncrypt},
-                                           Param{"tcp;ofi_rxm", WireSecurity::kAuthenticate},
-                                           Param{"tcp;ofi_rxm", WireSecurity::kOff},
-                                           Param{"shm", WireSecurity::kEncrypt}, Param{"shm", WireSecurity::kOff}),
+                         ::testing::Values(kTcpParams[0], kTcpParams[1], kTcpParams[2], Param{"shm", WireSecurity::kEncrypt},
+                                           Param{"shm", WireSecurity::kOff}),
                          paramName);
 INSTANTIATE_TEST_SUITE_P(Providers, TappedFabricPathTest,
-                         ::testing::Values(Param{"tcp;ofi_rxm", WireSecurity::kEncrypt},
-                                           Param{"tcp;ofi_rxm", WireSecurity::kAuthenticate},
-                                           Param{"tcp;ofi_rxm", WireSecurity::kOff},
-                                           Param{"shm", WireSecurity::kEncrypt}),
+                         ::testing::Values(kTcpParams[0], kTcpParams[1], kTcpParams[2], Param{"shm", WireSecurity::kEncrypt}),
                          paramName);
 
 }  // namespace

@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <charconv>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <utility>
 
 #include "core/fd.h"
@@ -28,16 +30,6 @@ std::size_t pageRounded(std::size_t bytes) {
   return (bytes + page - 1) / page * page;
 }
 
-std::string hexOf(std::span<const std::uint8_t> bytes) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string s;
-  for (std::uint8_t b : bytes) {
-    s.push_back(kDigits[b >> 4]);
-    s.push_back(kDigits[b & 15]);
-  }
-  return s;
-}
-
 bool parseHex(std::string_view text, std::span<std::uint8_t> out) {
   if (text.size() != 2 * out.size()) return false;
   for (std::size_t i = 0; i < out.size(); ++i) {
@@ -47,9 +39,36 @@ bool parseHex(std::string_view text, std::span<std::uint8_t> out) {
   return true;
 }
 
-bool processAlive(std::int32_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+std::string namespaceId(const char* path) {
+  struct stat st {};
+  if (::stat(path, &st) != 0) return "?";
+  return fmt::format("{}:{}", static_cast<unsigned long long>(st.st_dev), static_cast<unsigned long long>(st.st_ino));
+}
 
 }  // namespace
+
+std::string localHostKey() {
+  std::string boot;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::getline(f, boot);
+  const std::string_view bootId = boot.empty() ? std::string_view("?") : std::string_view(boot);
+  return fmt::format("{}/{}/{}/{}", bootId, static_cast<unsigned>(::getuid()), namespaceId("/proc/self/ns/net"),
+                     namespaceId("/proc/self/ns/pid"));
+}
+
+bool processAlive(std::int32_t pid) {
+  if (pid <= 0 || (::kill(pid, 0) != 0 && errno == ESRCH)) return false;
+  char path[32];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  std::FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return true;  // no /proc: kill() is all we know
+  char line[512] = {};
+  const std::size_t n = std::fread(line, 1, sizeof(line) - 1, f);
+  std::fclose(f);
+  const char* close = std::strrchr(line, ')');  // the command name may hold spaces and parentheses
+  if (n == 0 || close == nullptr || close[1] != ' ') return true;
+  return close[2] != 'Z' && close[2] != 'X';
+}
 
 std::string encodeSegmentOffer(const SegmentOffer& o) {
   return fmt::format("v1 {} {} {} {}", o.name, o.bytes, o.ownerPid, hexOf(o.token));

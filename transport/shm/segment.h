@@ -88,6 +88,13 @@ class ShmSegment {
   bool linked_ = false;
 };
 
+// True while process `pid` exists and is not a zombie (kill(pid, 0) still succeeds on a
+// zombie nobody reaped yet: a dead peer would look alive).
+bool processAlive(std::int32_t pid);
+// The same host as far as shared memory and process ids go: boot, user, and network and PID
+// namespaces. Ranks with equal keys may map each other's segments and read each other.
+std::string localHostKey();
+
 // Deletes segments in `dir` (normally /dev/shm) whose name starts with kSegmentPrefix,
 // owned by this user, whose header names a process that no longer exists. Returns how
 // many it removed; logs each at INFO. Segments of live processes and of other users stay.

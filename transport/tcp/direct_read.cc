@@ -1,6 +1,8 @@
 // Same-host direct reads.
 #include "transport/tcp/direct_read.h"
 
+#include "transport/shm/segment.h"
+
 #include <fmt/format.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -21,12 +23,6 @@ namespace {
 
 constexpr std::size_t kMaxOfferBytes = 256;
 constexpr std::size_t kMaxHostKeyBytes = 160;
-
-std::string namespaceId(const char* path) {
-  struct stat st {};
-  if (::stat(path, &st) != 0) return "?";
-  return fmt::format("{}:{}", static_cast<unsigned long long>(st.st_dev), static_cast<unsigned long long>(st.st_ino));
-}
 
 const std::uint64_t& cookie() {
   static const std::uint64_t value = [] {
@@ -49,18 +45,9 @@ bool parseNumber(std::string_view s, T* out) {
 
 }  // namespace
 
-std::string localHostKey() {
-  std::string boot;
-  std::ifstream f("/proc/sys/kernel/random/boot_id");
-  std::getline(f, boot);
-  const std::string_view bootId = boot.empty() ? std::string_view("?") : std::string_view(boot);
-  return fmt::format("{}/{}/{}/{}", bootId, static_cast<unsigned>(::getuid()), namespaceId("/proc/self/ns/net"),
-                     namespaceId("/proc/self/ns/pid"));
-}
-
 DirectReadOffer localDirectReadOffer() {
   DirectReadOffer o;
-  o.hostKey = localHostKey();
+  o.hostKey = shm::localHostKey();
   o.pid = ::getpid();
   o.cookieAddress = reinterpret_cast<std::uintptr_t>(&cookie());
   o.cookie = cookie();
@@ -97,7 +84,7 @@ Result<DirectReadOffer> decodeDirectReadOffer(std::span<const std::uint8_t> byte
 }
 
 bool canReadDirect(const DirectReadOffer& offer) {
-  if (offer.hostKey != localHostKey() || offer.pid == ::getpid()) return false;
+  if (offer.hostKey != shm::localHostKey() || offer.pid == ::getpid()) return false;
   std::uint64_t got = 0;
   if (!readDirect(offer.pid, reinterpret_cast<std::uint8_t*>(&got), offer.cookieAddress, sizeof(got)).isOk()) {
     return false;

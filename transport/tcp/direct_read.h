@@ -20,15 +20,15 @@
 namespace meridian::transport::tcp {
 
 struct DirectReadOffer {
-  std::string hostKey;  // localHostKey() of the offering process
+  std::string hostKey;  // shm::localHostKey() of the offering process
   std::int64_t pid = 0;
   std::uint64_t cookieAddress = 0;
   std::uint64_t cookie = 0;
 };
 
-// Boot id, user id, and the network and PID namespaces (lab nodes on one machine live in
-// separate network namespaces and must keep talking through their emulated links).
-std::string localHostKey();
+// hostKey: shm::localHostKey(), the boot id, user id, and the network and PID namespaces (lab
+// nodes on one machine live in separate network namespaces and must keep talking through
+// their emulated links).
 // This process's offer (the cookie lives for the life of the process).
 DirectReadOffer localDirectReadOffer();
 
