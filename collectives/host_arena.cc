@@ -54,17 +54,6 @@ std::atomic_ref<std::uint32_t> at(std::uint32_t& word) { return std::atomic_ref<
 // Op numbers wrap: "reached" is a signed distance, as TCP's sequence numbers.
 bool reached(std::uint32_t flag, std::uint32_t value) { return static_cast<std::int32_t>(flag - value) >= 0; }
 
-std::string segmentTag(std::string_view secret, std::uint64_t sessionId) {
-  std::string info = "meridian shm ";
-  info.append(reinterpret_cast<const char*>(&sessionId), sizeof(sessionId));
-  const Hmac256 mac = hmacSha256(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(secret.data()),
-                                                               secret.size()),
-                                 std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(info.data()),
-                                                               info.size()));
-  const std::string tag = hexOf(std::span<const std::uint8_t>(mac.data(), 8));
-  return tag;
-}
-
 std::span<const std::uint8_t> bytesOf(const std::string& s) {
   return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
 }
@@ -88,7 +77,7 @@ Result<std::unique_ptr<HostArena>> HostArena::join(transport::GroupExchange& exc
   if (n < 2 || n > kMaxRanks) {
     reason = fmt::format("{} ranks (shared memory serves 2 to {})", n, kMaxRanks);
   } else {
-    auto seg = ShmSegment::create(segmentTag(secret, sessionId), kSegmentBytes);
+    auto seg = ShmSegment::create(transport::shm::jobSegmentTag(secret, sessionId), kSegmentBytes);
     if (seg.isOk()) {
       mine = transport::shm::localHostKey() + "\n" + transport::shm::encodeSegmentOffer(seg->offer());
       arena->segments_.resize(static_cast<std::size_t>(n));

@@ -90,9 +90,11 @@
     "other's memory move messages above 64 KiB by reading them from the sender (process_vm_readv), " \
     "one copy instead of loopback TCP's two; off: always through the sockets.")                     \
   CHOICE(kShm, "MERIDIAN_SHM", "auto", "auto|off",                                                 \
-    "auto: when every rank of a communicator shares one host (same boot, user and namespaces), "   \
-    "allreduce and barrier run through shared memory (a 4 MiB /dev/shm segment per rank, "         \
-    "unlinked once mapped); off: through the channels.")                                           \
+    "auto: ranks on one host (same boot, user and namespaces) talk through shared memory: "       \
+    "every channel to such a peer gets a shared-memory path (a 1 MiB /dev/shm segment per pair, "  \
+    "its TCP paths on standby), and when every rank of a communicator shares the host, allreduce " \
+    "and barrier run through a 4 MiB segment per rank (segments are unlinked once mapped); "        \
+    "off: TCP (and direct reads) only.")                                           \
   CHOICE(kFabric, "MERIDIAN_FABRIC", "auto", "auto|on|off",                                         \
     "Fabric paths through libfabric beside the TCP paths of every channel: auto (only where a "     \
     "real RDMA provider, verbs;ofi_rxm or efa, is present), on (the provider MERIDIAN_FABRIC_"      \

@@ -41,6 +41,7 @@ Status resolveKnobs(DeviceOptions& o) {
     if (o.fabric.provider.empty()) o.fabric.provider = knobString(knobs::kFabricProvider);
     if (o.fabric.domain.empty()) o.fabric.domain = knobString(knobs::kFabricDomain);
     MERIDIAN_ASSIGN_OR_RETURN(o.fabric.tcp, readKnobChoice(knobs::kFabricTcp, o.fabric.tcp));
+    MERIDIAN_ASSIGN_OR_RETURN(o.shm, readKnobChoice(knobs::kShm, o.shm));
     if (o.tcp.notsentLowatBytes < 0) {
       MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t v, readKnobInt(knobs::kTcpNotsentLowatBytes));
       o.tcp.notsentLowatBytes = static_cast<int>(v);

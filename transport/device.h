@@ -78,6 +78,9 @@ struct DeviceOptions {
     std::string domain;            // MERIDIAN_FABRIC_DOMAIN; empty: the provider's first
     std::string tcp;               // MERIDIAN_FABRIC_TCP: data or standby (PathEndpoints::standby)
   } fabric;
+  // MERIDIAN_SHM: auto (a shared-memory path to every peer on this host, TCP paths on
+  // standby beside it; transport/shm/path.h) or off. TCP devices only.
+  std::string shm;
   struct Tcp {
     int streamsPerPath = 0;        // MERIDIAN_TCP_STREAMS
     int socketBufferBytes = 0;     // MERIDIAN_TCP_SOCKBUF_BYTES

@@ -40,7 +40,7 @@ Result<FrameHeader> decodeFrameHeader(std::span<const std::uint8_t> b) {
   FrameHeader h;
   h.prevExact = (flags & kFlagPrevExact) != 0;
   std::uint8_t type = b[3];
-  if (type < static_cast<std::uint8_t>(FrameType::kData) || type > static_cast<std::uint8_t>(FrameType::kPathNames)) {
+  if (type < static_cast<std::uint8_t>(FrameType::kData) || type > static_cast<std::uint8_t>(FrameType::kShmPairing)) {
     return peerError("frame: unknown type {}", type);
   }
   h.type = static_cast<FrameType>(type);
@@ -65,7 +65,7 @@ Result<FrameHeader> decodeFrameHeader(std::span<const std::uint8_t> b) {
   if (h.type == FrameType::kClose && (h.length != 0 || h.totalBytes != 0)) {
     return peerError("frame: close frame carries a length");
   }
-  if (h.type == FrameType::kPathNames &&
+  if ((h.type == FrameType::kPathNames || h.type == FrameType::kShmPairing) &&
       (h.length == 0 || h.length > kMaxPathNamesPayloadBytes || h.offset != 0 || h.totalBytes != h.length)) {
     return peerError("frame: path-names frame of {} bytes (1 to {}, offset 0, total = length)", h.length,
                      kMaxPathNamesPayloadBytes);

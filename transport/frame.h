@@ -40,6 +40,9 @@ enum class FrameType : std::uint8_t {
   // most kMaxPathNamesPayloadBytes (totalBytes = length, offset 0). Once per channel, on its
   // first TCP stream, from a sender that has rails: the receiver pairs its own with them.
   kPathNames = 5,
+  // Pairing a shared-memory path (transport/shm/pairing.h): `length` bytes follow, as for
+  // kPathNames, on a channel's first TCP stream.
+  kShmPairing = 6,
 };
 inline constexpr std::uint32_t kMaxPathNamesPayloadBytes = 4096;
 

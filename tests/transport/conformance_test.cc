@@ -6,6 +6,8 @@
 //                  fabric path is up)
 //   shm            the same on libfabric's shm provider
 //   mixed-*        one TCP path and one fabric path, striped
+//   meridian-shm   Meridian's own shared-memory path (transport/shm/path.h), the TCP path on
+//                  standby beside it (as between two ranks of one host)
 // Real libfabric providers, real sockets; nothing mocked.
 #include <gtest/gtest.h>
 
@@ -28,12 +30,13 @@ using meridian::testing::pollUntil;
 
 constexpr auto kTimeout = std::chrono::seconds(60);
 constexpr std::size_t kChunk = 256 * 1024;
-constexpr std::size_t kFabricPath = 1;  // the fabric path's index: after the one TCP path
+constexpr std::size_t kFabricPath = 1;  // the fabric (or shared-memory) path's index: after the one TCP path
 
 struct Kind {
   const char* name;
   const char* provider;  // "" : no fabric
   bool fabricOnly;       // the TCP path on standby (DeviceOptions::Fabric::tcp)
+  bool sharedMemory = false;  // a shared-memory path instead of a fabric one
 };
 
 std::string kindName(const ::testing::TestParamInfo<Kind>& info) {
@@ -71,16 +74,20 @@ class ConformanceTest : public ::testing::TestWithParam<Kind> {
     o.fabric.mode = *k.provider != '\0' ? "on" : "off";
     o.fabric.provider = k.provider;
     o.fabric.tcp = k.fabricOnly ? "standby" : "data";
+    o.shm = k.sharedMemory ? "auto" : "off";
     for (int side = 0; side < 2; ++side) {
       o.name = fmt::format("cf{}{}", pairs, side == 0 ? 'a' : 'b');
       auto dev = TcpDevice::create(o);
       ASSERT_TRUE(dev.isOk()) << dev.status().toString();
       dev_[side] = std::move(dev.value());
+      // What a communicator's joinGroup settles for two ranks of one host.
+      if (k.sharedMemory) dev_[side]->planDirectRead(kSession, 1 - side, {0, false, /*sameHost=*/true});
     }
     std::tie(ch_[0], ch_[1]) = openPair(*dev_[0], *dev_[1], kSession);
     ASSERT_TRUE(ch_[0] && ch_[1]);
-    if (fabric()) {
-      // The fabric path comes up once each side has the other's rail name.
+    if (fabric() || GetParam().sharedMemory) {
+      // The fabric path comes up once each side has the other's rail name (the shared-memory
+      // path once paired).
       ASSERT_TRUE(pollUntil([&] { return ch_[0]->pathStats().size() == 2 && ch_[0]->pathStats()[kFabricPath].alive &&
                                          ch_[1]->pathStats()[kFabricPath].alive; },
                             kTimeout))
@@ -145,7 +152,7 @@ TEST_P(ConformanceTest, MessagesFromZeroBytesTo64MiBArriveByteExactBothWays) {
     }
   }
   const auto after = chunksSent(0);
-  if (!fabric()) return;
+  if (!fabric() && !GetParam().sharedMemory) return;
   const std::uint64_t onTcp = after[0] - before[0], onFabric = after[kFabricPath] - before[kFabricPath];
   EXPECT_GT(onFabric, 0u) << "the fabric path carried nothing";
   if (GetParam().fabricOnly) {
@@ -309,12 +316,12 @@ TEST(FabricDeviceTest, ARailNameThePeerCannotTakeLeavesTheFabricPathDownAndTcpCa
 INSTANTIATE_TEST_SUITE_P(Kinds, ConformanceTest,
                          ::testing::Values(Kind{"tcp", "", false}, Kind{"tcp;ofi_rxm", "tcp;ofi_rxm", true},
                                            Kind{"shm", "shm", true}, Kind{"mixed-tcp;ofi_rxm", "tcp;ofi_rxm", false},
-                                           Kind{"mixed-shm", "shm", false}),
+                                           Kind{"mixed-shm", "shm", false}, Kind{"meridian-shm", "", true, true}),
                          kindName);
 INSTANTIATE_TEST_SUITE_P(FabricKinds, FabricPathCutTest,
                          ::testing::Values(Kind{"tcp;ofi_rxm", "tcp;ofi_rxm", true}, Kind{"shm", "shm", true},
                                            Kind{"mixed-tcp;ofi_rxm", "tcp;ofi_rxm", false},
-                                           Kind{"mixed-shm", "shm", false}),
+                                           Kind{"mixed-shm", "shm", false}, Kind{"meridian-shm", "", true, true}),
                          kindName);
 
 }  // namespace

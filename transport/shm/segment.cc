@@ -70,6 +70,16 @@ bool processAlive(std::int32_t pid) {
   return close[2] != 'Z' && close[2] != 'X';
 }
 
+std::string jobSegmentTag(std::string_view secret, std::uint64_t sessionId) {
+  std::string info = "meridian shm ";
+  info.append(reinterpret_cast<const char*>(&sessionId), sizeof(sessionId));
+  const Hmac256 mac = hmacSha256(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(secret.data()),
+                                                               secret.size()),
+                                 std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(info.data()),
+                                                               info.size()));
+  return hexOf(std::span<const std::uint8_t>(mac.data(), 8));
+}
+
 std::string encodeSegmentOffer(const SegmentOffer& o) {
   return fmt::format("v1 {} {} {} {}", o.name, o.bytes, o.ownerPid, hexOf(o.token));
 }

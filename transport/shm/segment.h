@@ -54,6 +54,10 @@ std::string encodeSegmentOffer(const SegmentOffer& o);
 // '/' past the first character, a size out of [kSegmentHeaderBytes, maxBytes].
 Result<SegmentOffer> decodeSegmentOffer(std::string_view text, std::uint64_t maxBytes);
 
+// The tag of a job's segment names for one session: 16 hex digits of HMAC(secret, session),
+// which nobody without the job secret can predict.
+std::string jobSegmentTag(std::string_view secret, std::uint64_t sessionId);
+
 class ShmSegment {
  public:
   // Creates, sizes, touches (no page faults later) and maps a new segment of `bytes`

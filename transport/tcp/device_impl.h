@@ -32,6 +32,8 @@
 #include "transport/engine.h"
 #include "transport/fabric/link.h"
 #include "transport/fabric/path.h"
+#include "transport/shm/pairing.h"
+#include "transport/shm/path.h"
 #include "transport/tcp/direct_read.h"
 #include "transport/tcp/endpoint.h"
 #include "transport/tcp/handshake.h"
@@ -175,6 +177,7 @@ struct Stream {
   int notsentLowat = 0;  // TCP_NOTSENT_LOWAT in force (0: none)
   // A PATH-NAMES frame whose payload is still arriving.
   bool namesPending = false;
+  bool namesShm = false;  // ... a kShmPairing frame (shm.cc), not rail names
   std::vector<std::uint8_t> namesIn;
   std::size_t namesGot = 0;
 };
@@ -202,6 +205,15 @@ struct ChannelEntry {
   int initiatorRank = 0;  // the rank that opened the channel (fabric path tags)
   std::vector<std::string> peerAddresses;                     // the peer's listen addresses
   std::int64_t readPid = 0;                                   // direct reads from this pid (0: none)
+  // The shared-memory path (MERIDIAN_SHM=auto; shm.cc), after the fabric paths: its slot
+  // (SIZE_MAX: none), the path once paired, and on the responder the segment it offered
+  // until the initiator attached, with the initiator's pid and doorbell from its hello.
+  std::size_t shmSlot = SIZE_MAX;
+  std::unique_ptr<shm::ShmPath> shm;
+  std::unique_ptr<shm::ShmSegment> shmOffered;
+  std::int32_t shmPeerPid = 0;
+  int shmPeerDoorbell = -1;
+  bool shmPairingDone = false;  // paired, or refused either way: later messages are refused
   bool ready = false;
   bool usable() const { return ready && !engine->failed(); }
   // The channel's path index of fabric path 0 (the fabric paths follow the stream paths).
@@ -381,9 +393,11 @@ struct TcpDevice::Impl {
   Status admit(const ConnectInfo& info);
   void claimStreams();
   ChannelEntry* findChannel(std::uint64_t sessionId, int peerRank);
-  // A new channel entry (not yet in `channels`) over `endpoints` (+ the relay slot).
+  // A new channel entry (not yet in `channels`) over `endpoints` (+ the relay slot, the
+  // fabric paths, and with `sharedMemory` a shared-memory path, TCP on standby beside it).
   std::unique_ptr<ChannelEntry> makeEntry(std::uint64_t sessionId, int peerRank, std::vector<PathEndpoints> endpoints,
-                                          std::vector<std::string> peerAddresses, bool peerReadsDirect = false);
+                                          std::vector<std::string> peerAddresses, bool peerReadsDirect = false,
+                                          bool sharedMemory = false);
   // acceptChannel's search (progress thread).
   Result<std::pair<int, ChannelPtr>> acceptAny(std::uint64_t sessionId);
   // Why a relay request may not be served (ok: it may).
@@ -441,6 +455,21 @@ struct TcpDevice::Impl {
   int railSleepMs(int wanted);
   // Says goodbye on and drops every fabric path of the channel.
   void closeFabricPaths(ChannelEntry& e);
+
+  // Shared-memory paths (shm.cc).
+  bool shmEnabled() const { return options.shm == "auto"; }
+  // The initiator's hello, once the channel is ready.
+  void startShmPairing(ChannelEntry& e);
+  // A pairing message came on `from` (answers go back on it).
+  void takeShmPairing(ChannelEntry& e, Stream& from, std::span<const std::uint8_t> bytes);
+  void sendShmPairing(Stream& via, const shm::PairingMessage& m);
+  // Brings the path up over `segment` (the peer's doorbell taken from its process).
+  void startShmPath(ChannelEntry& e, shm::ShmSegment segment, bool creator, std::int32_t peerPid, int peerDoorbell);
+  std::size_t pumpShmPath(ChannelEntry& e, std::int64_t now);
+  // How long the loop may sleep given the shared-memory paths (flags raised for their peers).
+  int shmSleepMs(int wanted);
+  void closeShmPath(ChannelEntry& e);
+  std::size_t shmWork = 0;  // records the shared-memory paths moved in this round
 };
 
 }  // namespace meridian::transport::tcp

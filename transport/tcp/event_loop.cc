@@ -21,6 +21,7 @@ void TcpDevice::Impl::progressChannels() {
       for (auto& fp : e->fabric) {
         if (fp && !fp->failed()) fp->fail(e->channel->health());
       }
+      if (e->shm && !e->shm->failed()) e->shm->fail(e->channel->health());
       continue;
     }
     if (stallCheck) ch.checkStalls(now);
@@ -32,6 +33,7 @@ void TcpDevice::Impl::progressChannels() {
       }
     }
     pumpFabricPaths(*e, now);
+    pumpShmPath(*e, now);
   }
 }
 
@@ -41,6 +43,7 @@ bool TcpDevice::Impl::processEvents(const epoll_event* events, int n) {
     if (e->ready && !e->engine->failed()) e->engine->drainPosted();
   }
   bool worked = progressRails() > 0;
+  shmWork = 0;
   for (int i = 0; i < n; ++i) {
     int fd = events[i].data.fd;
     std::uint32_t ev = events[i].events;
@@ -86,7 +89,7 @@ bool TcpDevice::Impl::processEvents(const epoll_event* events, int n) {
   }
   for (auto& c : cmds) c();
   progressChannels();
-  return worked || !cmds.empty();
+  return worked || !cmds.empty() || shmWork > 0;
 }
 
 bool Poller::pollOnce(bool* ran) {
@@ -131,9 +134,9 @@ void TcpDevice::Impl::runRounds(epoll_event* events) {
       });
     }
     int sleepMs = others ? 0 : 10;
-    if (!rails.empty() && sleepMs > 0) {
+    if (sleepMs > 0 && (!rails.empty() || shmEnabled())) {
       std::lock_guard lock(poller->mu);
-      sleepMs = railSleepMs(sleepMs);
+      sleepMs = shmSleepMs(railSleepMs(sleepMs));
     }
     int n = ::epoll_wait(epfd.get(), events, 64, sleepMs);
     if (n < 0 && errno != EINTR) MLOG_ERROR(kTransport, "epoll_wait: {}", errnoText(errno));
@@ -162,6 +165,7 @@ void TcpDevice::Impl::shutdownAll() {
       }
     }
     closeFabricPaths(*e);
+    closeShmPath(*e);
     e->engine->fail(commError("the transport device was closed"));
   }
   relaysByFd.clear();

@@ -150,7 +150,11 @@ void TcpDevice::Impl::readStream(Stream& s) {
         s.namesPending = false;
         if (!openInPlace(s, s.namesIn.data(), s.namesIn.size() - tagBytes)) return failIntegrity(s, "rail names");
         s.namesIn.resize(s.namesIn.size() - tagBytes);
-        takeRailNames(e, s, s.namesIn);
+        if (s.namesShm) {
+          takeShmPairing(e, s, s.namesIn);
+        } else {
+          takeRailNames(e, s, s.namesIn);
+        }
         s.namesIn = {};
         continue;
       }
@@ -183,7 +187,7 @@ void TcpDevice::Impl::readStream(Stream& s) {
           s.gotClose = true;
           continue;
         }
-        if (h->type == FrameType::kPathNames) {
+        if (h->type == FrameType::kPathNames || h->type == FrameType::kShmPairing) {
           if (s.path >= e.directPaths) {
             // Relay streams run through a third rank: names come only on a direct path.
             Status st = peerError("rank {} sent fabric rail names on relay path {}", e.peerRank, s.path);
@@ -192,6 +196,7 @@ void TcpDevice::Impl::readStream(Stream& s) {
             return;
           }
           s.namesIn.assign(h->length + tagBytes, 0);
+          s.namesShm = h->type == FrameType::kShmPairing;
           s.namesGot = 0;
           s.namesPending = true;
           continue;

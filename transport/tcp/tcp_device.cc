@@ -130,19 +130,24 @@ Result<GroupInfo> TcpDevice::joinGroup(GroupExchange& exchange, std::uint64_t se
   const int rank = exchange.rank();
   const auto n = static_cast<std::size_t>(exchange.size());
   const bool enabled = impl_->options.directRead;
-  const std::string offer = enabled ? encodeDirectReadOffer(localDirectReadOffer()) : "";
+  // The offer also says where this rank lives (its host key and pid), which shared-memory
+  // paths need even when direct reads are off.
+  const std::string offer = enabled || impl_->shmEnabled() ? encodeDirectReadOffer(localDirectReadOffer()) : "";
   auto asBytes = [](const std::string& v) {
     return std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(v.data()), v.size());
   };
   MERIDIAN_ASSIGN_OR_RETURN(auto offers, exchange.allGather("direct-offer", asBytes(offer), deadline));
   if (offers.size() != n) return internalError("the exchange returned {} offers for {} ranks", offers.size(), n);
   std::vector<std::int64_t> readPid(n, 0);
+  std::vector<bool> sameHost(n, false);
   std::string readable(n, '0');
+  const std::string hostKey = shm::localHostKey();
   for (std::size_t peer = 0; peer < n; ++peer) {
-    if (!enabled || peer == static_cast<std::size_t>(rank) || offers[peer].empty()) continue;
+    if (peer == static_cast<std::size_t>(rank) || offers[peer].empty()) continue;
     auto o = decodeDirectReadOffer(offers[peer]);
     if (!o) return o.status().withContext(fmt::format("rank {}'s direct-read offer", peer));
-    if (canReadDirect(o.value())) {
+    sameHost[peer] = o->hostKey == hostKey && o->pid != ::getpid();
+    if (enabled && canReadDirect(o.value())) {
       readPid[peer] = o->pid;
       readable[peer] = '1';
     }
@@ -159,7 +164,7 @@ Result<GroupInfo> TcpDevice::joinGroup(GroupExchange& exchange, std::uint64_t se
   }
   for (std::size_t peer = 0; peer < n; ++peer) {
     if (peer == static_cast<std::size_t>(rank)) continue;
-    DirectReadPlan plan{readPid[peer], enabled && reads[peer][static_cast<std::size_t>(rank)] == '1'};
+    DirectReadPlan plan{readPid[peer], enabled && reads[peer][static_cast<std::size_t>(rank)] == '1', sameHost[peer]};
     if (plan.readPeerPid > 0) ++info.directPeers;
     planDirectRead(sessionId, static_cast<int>(peer), plan);
   }
@@ -216,7 +221,8 @@ Result<ChannelPtr> TcpDevice::openChannel(const ChannelSpec& spec, TimePoint dea
     std::lock_guard lock(d.planMu);
     if (auto it = d.directPlans.find({spec.sessionId, spec.peerRank}); it != d.directPlans.end()) direct = it->second;
   }
-  auto entry = d.makeEntry(spec.sessionId, spec.peerRank, std::move(endpoints), *peerAddresses, direct.peerReadsDirect);
+  auto entry = d.makeEntry(spec.sessionId, spec.peerRank, std::move(endpoints), *peerAddresses, direct.peerReadsDirect,
+                           direct.sameHost && d.shmEnabled());
   entry->readPid = direct.readPeerPid;
   entry->initiatorRank = spec.initiate ? spec.selfRank : spec.peerRank;
   ChannelEntry* e = entry.get();
@@ -245,6 +251,7 @@ Result<ChannelPtr> TcpDevice::openChannel(const ChannelSpec& spec, TimePoint dea
       for (std::size_t p = 0; p < nPaths; ++p) e->expectedStreams[p] = d.options.tcp.streamsPerPath;
       e->ready = true;
       d.sendRailNames(*e);
+      d.startShmPairing(*e);
       d.channels.push_back(std::move(entry));
     });
   } else {
@@ -266,14 +273,17 @@ Result<ChannelPtr> TcpDevice::openChannel(const ChannelSpec& spec, TimePoint dea
 
 std::unique_ptr<ChannelEntry> TcpDevice::Impl::makeEntry(std::uint64_t sessionId, int peerRank,
                                                         std::vector<PathEndpoints> endpoints,
-                                                        std::vector<std::string> peerAddresses, bool peerReadsDirect) {
+                                                        std::vector<std::string> peerAddresses, bool peerReadsDirect,
+                                                        bool sharedMemory) {
   auto entry = std::make_unique<ChannelEntry>();
   entry->sessionId = sessionId;
   entry->peerRank = peerRank;
   entry->directPaths = endpoints.size();
   entry->peerAddresses = std::move(peerAddresses);
   if (options.relaySlot) endpoints.push_back({"", "relay", true});
-  if (!rails.empty() && options.fabric.tcp == "standby") {
+  // Beside a shared-memory path (up once paired, and only with a peer on this host) TCP
+  // stands by: it carries data again the moment that path fails.
+  if ((!rails.empty() && options.fabric.tcp == "standby") || sharedMemory) {
     for (auto& ep : endpoints) ep.standby = true;
   }
   entry->streams.resize(endpoints.size());
@@ -286,6 +296,14 @@ std::unique_ptr<ChannelEntry> TcpDevice::Impl::makeEntry(std::uint64_t sessionId
     endpoints.push_back(std::move(fabricEnd));
   }
   entry->fabric.resize(rails.size());
+  if (sharedMemory) {
+    PathEndpoints shmEnd;
+    shmEnd.localAddress = "shm";
+    shmEnd.remoteAddress = fmt::format("rank {} (shared memory)", peerRank);
+    shmEnd.fabric = true;  // down until paired; judged by its rate, not probed
+    entry->shmSlot = endpoints.size();
+    endpoints.push_back(std::move(shmEnd));
+  }
   MultipathConfig config = channelConfig();
   config.peerReadsDirect = peerReadsDirect;
   if (options.labelPeersByHost && !endpoints.empty()) {
@@ -341,6 +359,7 @@ Status TcpDevice::closeChannel(std::uint64_t sessionId, int peerRank) {
         }
       }
       d.closeFabricPaths(**it);
+      d.closeShmPath(**it);
       (*it)->engine->fail(commError("the channel to rank {} was closed", peerRank));
       it = d.channels.erase(it);  // closes the streams
       result = Status::ok();
@@ -447,6 +466,9 @@ Status TcpDevice::cutPath(std::uint64_t sessionId, int peerRank, int pathIndex) 
       } else if (path - e->fabricBase() < e->fabric.size()) {
         // A fabric path not yet paired is down already; a paired one fails now.
         if (auto& fp = e->fabric[path - e->fabricBase()]; fp && !fp->failed()) fp->fail(why);
+        result = Status::ok();
+      } else if (path == e->shmSlot) {
+        if (e->shm && !e->shm->failed()) e->shm->fail(why);
         result = Status::ok();
       }
     }

@@ -27,6 +27,9 @@ namespace meridian::transport::tcp {
 struct DirectReadPlan {
   std::int64_t readPeerPid = 0;  // the pid this side reads the peer's DATA-REF chunks from (0: none)
   bool peerReadsDirect = false;  // the peer reads this side's large messages itself
+  // The peer is another process on this host (shm::localHostKey): with MERIDIAN_SHM=auto its
+  // channel gets a shared-memory path, and its TCP paths stand by beside it.
+  bool sameHost = false;
 };
 
 class TcpDevice final : public Device {

@@ -1,0 +1,121 @@
+// ShmPath: one path of a multipath channel between two ranks on one host, over a pair of
+// rings (ring.h) in one shared segment (segment.h). It is driven like a fabric path: the
+// backend's progress calls pump(), which reads what the peer wrote, writes acknowledgements
+// and then the chunks the engine gives this path, and rings the peer's doorbell only when the
+// peer went to sleep.
+//
+// What travels: every frame is a kFrame record (its header, and inline what the frame
+// carries); a payload too long for one record goes on in kPiece records. Acknowledgements go
+// between records of a chunk at any time. Large chunks of a channel whose peer reads this
+// side's memory (tcp/direct_read.h) go as DATA-REF: the record holds the address and the
+// receiver copies the chunk straight out of the sender's buffer, one copy. Otherwise the
+// payload is copied into the ring and out of it (two copies in user space, no system call).
+//
+// Why no sealing: the bytes never leave the host, and whoever can read the segment (this
+// user; it is mode 0600) can read either process's memory anyway. MERIDIAN_WIRE_SECURITY
+// applies to what crosses a network. What the peer writes is still checked: a record or
+// counter that breaks the ring's bounds, a frame that does not decode, a payload longer than
+// its header says, all fail the path with a peer error; nothing is trusted to be in bounds.
+//
+// Failure: a goodbye (kClose) ends the path gracefully; a peer process that is gone (checked
+// every kAliveCheckUs) or a broken record fails it, and the engine moves its chunks to the
+// channel's other paths (its TCP paths, on standby while this one is up).
+//
+// Threads: pump() and the rest from the backend's progress (one thread at a time).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+
+#include "core/fd.h"
+#include "core/metrics.h"
+#include "transport/engine.h"
+#include "transport/shm/ring.h"
+#include "transport/shm/segment.h"
+
+namespace meridian::transport::shm {
+
+// Each direction's ring (power of two). Large chunks go as references when the peers read
+// each other, so the rings carry headers, acknowledgements and eager messages (64 KiB by
+// default); a chunk of a channel without direct reads streams through in pieces.
+inline constexpr std::size_t kPathRingBytes = 512 * 1024;
+// A pair's segment: the header page and two rings.
+inline constexpr std::size_t pathSegmentBytes(std::size_t ringCapacity) {
+  return kSegmentHeaderBytes + 2 * ringBytes(ringCapacity);
+}
+
+struct ShmPathConfig {
+  std::size_t index = 0;            // the channel's path index
+  std::int32_t peerPid = 0;         // checked for life every kAliveCheckUs (0: not checked)
+  // Reads `n` bytes at the peer's address into dst (the backend's same-host reads,
+  // tcp/direct_read.h); empty: the peer may not send DATA-REF chunks on this path.
+  std::function<Status(std::uint8_t* dst, std::uint64_t address, std::size_t n)> readPeer;
+  UniqueFd peerDoorbell;            // the peer's progress doorbell (an eventfd); -1: the peer polls
+  std::size_t ringCapacity = kPathRingBytes;
+  Counter* directReadBytes = nullptr;  // may be null
+};
+
+class ShmPath {
+ public:
+  static constexpr std::int64_t kAliveCheckUs = 100'000;
+
+  // The path over `segment` (of pathSegmentBytes(config.ringCapacity) bytes at least).
+  // `creator`: this side created the segment and writes its first ring.
+  ShmPath(ShmSegment segment, bool creator, ChannelEngine& engine, ShmPathConfig config);
+  ShmPath(const ShmPath&) = delete;
+  ShmPath& operator=(const ShmPath&) = delete;
+
+  // Moves what can move now; returns how many records it read or wrote.
+  std::size_t pump(std::int64_t nowUs);
+  // Before the backend's thread sleeps: false when there is work now (or room came back for
+  // work that waited). Otherwise the peer rings the doorbell when it has some.
+  bool readyToSleep();
+  // Queues the goodbye; no chunk goes out after it. pump() until !hasUnsentFrames().
+  void sayGoodbye();
+  bool hasUnsentFrames() const { return !controls_.empty() && !failed_; }
+  void fail(const Status& why);
+  bool failed() const { return failed_; }
+  // The peer can ring this side's doorbell (it said so in its ring); false: poll.
+  bool peerRings() const { return rx_.producerRings(); }
+  const ShmSegment& segment() const { return segment_; }
+  std::uint64_t bytesWritten() const { return bytesWritten_; }
+  std::uint64_t bytesRead() const { return bytesRead_; }
+
+ private:
+  void end(const Status& why);
+  void ring();
+  // Writes queued control frames, then chunks; false when the ring was full.
+  bool write(std::int64_t nowUs, std::size_t* moved);
+  bool writeChunkPieces();
+  std::size_t read();
+  void take(const Record& r);
+  void beginData(const FrameHeader& h, std::span<const std::uint8_t> inlinePayload);
+  void payload(std::span<const std::uint8_t> bytes);
+  void finishData();
+  void failPeer(const Status& why);
+
+  ShmSegment segment_;
+  ChannelEngine& engine_;
+  ShmPathConfig config_;
+  RingWriter tx_;
+  RingReader rx_;
+  std::deque<FrameHeader> controls_;  // acknowledgements (and a goodbye) to write
+  // The chunk being written (its header went out; `written` payload bytes so far).
+  bool writing_ = false;
+  OutChunk chunk_;
+  std::uint32_t chunkBytes_ = 0;
+  std::uint32_t written_ = 0;
+  // The chunk being read.
+  bool reading_ = false;
+  RecvTarget target_;
+  std::uint64_t got_ = 0;
+  bool blocked_ = false;   // the last pump found the ring full with work to write
+  bool closing_ = false;
+  bool failed_ = false;
+  std::int64_t lastAliveCheckUs_ = 0;
+  std::uint64_t bytesWritten_ = 0, bytesRead_ = 0;
+};
+
+}  // namespace meridian::transport::shm
