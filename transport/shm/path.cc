@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <stdexcept>
 
 #include "core/clock.h"
 #include "core/log.h"
@@ -13,8 +14,17 @@ namespace {
 
 // Records read per pump at most, so one busy peer cannot hold the progress thread.
 constexpr std::size_t kReadBudget = 256;
+// Room that lets the writer go on: a frame header and a reference.
+constexpr std::size_t kMinRoom = kFrameHeaderBytes + kRemoteRefBytes;
 
 }  // namespace
+
+std::size_t ringCapacityOf(std::size_t bytes) {
+  if (bytes < pathSegmentBytes(kMinPathRingBytes)) return 0;
+  std::size_t cap = kMinPathRingBytes;
+  while (cap < kMaxPathRingBytes && pathSegmentBytes(2 * cap) <= bytes) cap *= 2;
+  return cap;
+}
 
 ShmPath::ShmPath(ShmSegment segment, bool creator, ChannelEngine& engine, ShmPathConfig config)
     : segment_(std::move(segment)), engine_(engine), config_(std::move(config)) {
@@ -63,10 +73,8 @@ void ShmPath::ring() {
   }
 }
 
-std::size_t ShmPath::pump(std::int64_t nowUs) {
+std::size_t ShmPath::receive(std::int64_t nowUs) {
   if (failed_) return 0;
-  rx_.awake();
-  tx_.awake();
   if (config_.peerPid > 0 && nowUs - lastAliveCheckUs_ >= kAliveCheckUs) {
     lastAliveCheckUs_ = nowUs;
     if (!processAlive(config_.peerPid)) {
@@ -74,22 +82,37 @@ std::size_t ShmPath::pump(std::int64_t nowUs) {
       return 0;
     }
   }
-  std::size_t moved = read();
-  if (failed_) return moved;
-  const std::size_t readCount = moved;
+  const std::size_t n = read();
+  if (n > 0 && !failed_ && rx_.producerNeedsWaking()) ring();
+  return n;
+}
+
+std::size_t ShmPath::send(std::int64_t nowUs) {
+  if (failed_) return 0;
   std::size_t wrote = 0;
   blocked_ = !write(nowUs, &wrote);
-  moved += wrote;
-  if (failed_) return moved;
-  if (wrote > 0 && tx_.consumerNeedsWaking()) ring();
-  if (readCount > 0 && rx_.producerNeedsWaking()) ring();
-  return moved;
+  // Full: ask the consumer to ring when it frees room, whichever thread sleeps next here (a
+  // waiting thread may leave the work to a progress thread that went to sleep before it).
+  if (blocked_ && !failed_ && tx_.sleepUnlessRoom(kMinRoom)) blocked_ = !write(nowUs, &wrote);
+  if (wrote > 0 && !failed_ && tx_.consumerNeedsWaking()) ring();
+  return wrote;
+}
+
+std::size_t ShmPath::pump(std::int64_t nowUs) {
+  const std::size_t n = receive(nowUs);
+  return n + send(nowUs);
+}
+
+void ShmPath::awake() {
+  if (failed_) return;
+  rx_.awake();
+  tx_.awake();
 }
 
 bool ShmPath::readyToSleep() {
   if (failed_) return true;
   if (rx_.sleepUnlessPending()) return false;
-  if (blocked_ && tx_.sleepUnlessRoom(kFrameHeaderBytes + kRemoteRefBytes)) return false;
+  if (blocked_ && tx_.sleepUnlessRoom(kMinRoom)) return false;
   return true;
 }
 
@@ -104,7 +127,13 @@ void ShmPath::sayGoodbye() {
 
 bool ShmPath::write(std::int64_t nowUs, std::size_t* moved) {
   // Control frames first: a peer's chunk waits for its acknowledgement.
-  while (!controls_.empty()) {
+  if (!writeControls(moved)) return false;
+  if (closing_) return true;
+  return writeChunks(nowUs, moved);
+}
+
+bool ShmPath::writeControls(std::size_t* moved) {
+  while (!controls_.empty() && !failed_) {
     std::size_t granted = 0;
     auto at = tx_.reserve(kFrameHeaderBytes, kFrameHeaderBytes, &granted);
     if (!at) {
@@ -118,12 +147,16 @@ bool ShmPath::write(std::int64_t nowUs, std::size_t* moved) {
     controls_.pop_front();
     ++*moved;
   }
-  if (closing_) return true;
+  return true;
+}
+
+bool ShmPath::writeChunks(std::int64_t nowUs, std::size_t* moved) {
   while (true) {
     if (writing_) {
       if (!writeChunkPieces()) return failed_;
       ++*moved;
       engine_.onChunkWritten(config_.index, chunk_, nowUs);
+      ++unacked_;
       writing_ = false;
       chunk_ = OutChunk{};
       continue;
@@ -148,6 +181,7 @@ bool ShmPath::write(std::int64_t nowUs, std::size_t* moved) {
       tx_.commit(RecordKind::kFrame, content + ref.size());
       ++*moved;
       engine_.onChunkWritten(config_.index, c, nowUs);
+      ++unacked_;
       continue;
     }
     if (h.type != FrameType::kData) {
@@ -230,6 +264,7 @@ void ShmPath::take(const Record& r) {
     case FrameType::kAck:
       if (!rest.empty()) return failPeer(peerError("an acknowledgement with {} bytes behind it", rest.size()));
       if (Status st = engine_.onAck(h.value(), config_.index, nowUs()); !st.isOk()) return failPeer(st);
+      if (unacked_ > 0) --unacked_;
       return;
     case FrameType::kClose:
       if (reading_) {
@@ -314,6 +349,10 @@ void ShmPath::finishData() {
     return fail(ack.status());
   }
   controls_.push_back(ack.value());
+  // The acknowledgement goes now, not after the rest of this pump's reads: its sender's
+  // window waits for it (reads of large chunks take a while each).
+  std::size_t wrote = 0;
+  if (writeControls(&wrote) && wrote > 0 && tx_.consumerNeedsWaking()) ring();
 }
 
 }  // namespace meridian::transport::shm

@@ -80,8 +80,7 @@ void RingWriter::awake() {
 
 bool RingWriter::consumerNeedsWaking() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (control_->consumerSleeping.load(std::memory_order_relaxed) == 0) return false;
-  return control_->consumerSleeping.exchange(0, std::memory_order_relaxed) != 0;
+  return control_->consumerSleeping.load(std::memory_order_relaxed) != 0;
 }
 
 void RingWriter::announceDoorbell(bool canRing) {
@@ -154,8 +153,7 @@ void RingReader::awake() {
 
 bool RingReader::producerNeedsWaking() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (control_->producerSleeping.load(std::memory_order_relaxed) == 0) return false;
-  return control_->producerSleeping.exchange(0, std::memory_order_relaxed) != 0;
+  return control_->producerSleeping.load(std::memory_order_relaxed) != 0;
 }
 
 }  // namespace meridian::transport::shm

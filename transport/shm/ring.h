@@ -16,8 +16,10 @@
 //
 // Sleeping: a side that is about to block (in epoll, on its device's doorbell) raises its
 // flag and looks once more; the other side, after it published records (or freed room),
-// takes the flag down and rings the sleeper's doorbell. Both sides pass a seq_cst fence
-// between their store and their look, so one of them always sees the other.
+// rings the sleeper's doorbell while the flag is up. Both sides pass a seq_cst fence between
+// their store and their look, so one of them always sees the other. Only the sleeper takes
+// its flag down, once it is up again: a ring that another thread of its process answered
+// (a waiting thread's poll that read the doorbell) must not leave the sleeper unrung.
 #pragma once
 
 #include <atomic>
@@ -72,7 +74,7 @@ class RingWriter {
   bool sleepUnlessRoom(std::size_t min);
   // Awake again: the flag goes down (a consumer would ring for nothing).
   void awake();
-  // After commits: true when the consumer slept (its flag is taken down: ring its doorbell).
+  // After commits: true while the consumer sleeps (ring its doorbell).
   bool consumerNeedsWaking();
   // Says whether this side can ring the consumer's doorbell (RingControl::producerRings).
   void announceDoorbell(bool canRing);
@@ -105,7 +107,7 @@ class RingReader {
   // Raise the flag, then look: true when a record waits (do not sleep).
   bool sleepUnlessPending();
   void awake();
-  // After releases: true when the producer waited for room (its flag is taken down).
+  // After releases: true while the producer waits for room (ring its doorbell).
   bool producerNeedsWaking();
   // Whether the producer said it can ring this side (false: look without being rung).
   bool producerRings() const;

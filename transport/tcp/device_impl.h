@@ -214,6 +214,7 @@ struct ChannelEntry {
   std::int32_t shmPeerPid = 0;
   int shmPeerDoorbell = -1;
   bool shmPairingDone = false;  // paired, or refused either way: later messages are refused
+  int shmHostPeers = 1;         // ranks of the group on this host besides us (ring sizes)
   bool ready = false;
   bool usable() const { return ready && !engine->failed(); }
   // The channel's path index of fabric path 0 (the fabric paths follow the stream paths).
@@ -465,9 +466,13 @@ struct TcpDevice::Impl {
   void sendShmPairing(Stream& via, const shm::PairingMessage& m);
   // Brings the path up over `segment` (the peer's doorbell taken from its process).
   void startShmPath(ChannelEntry& e, shm::ShmSegment segment, bool creator, std::int32_t peerPid, int peerDoorbell);
-  std::size_t pumpShmPath(ChannelEntry& e, std::int64_t now);
+  // Before the engine schedules (acknowledgements open windows), and after it.
+  std::size_t receiveShmPath(ChannelEntry& e, std::int64_t now);
+  std::size_t sendShmPath(ChannelEntry& e, std::int64_t now);
   // How long the loop may sleep given the shared-memory paths (flags raised for their peers).
   int shmSleepMs(int wanted);
+  // The progress thread woke (from the sleep shmSleepMs allowed): flags down.
+  void shmAwake();
   void closeShmPath(ChannelEntry& e);
   std::size_t shmWork = 0;  // records the shared-memory paths moved in this round
 };

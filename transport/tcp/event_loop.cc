@@ -26,6 +26,7 @@ void TcpDevice::Impl::progressChannels() {
     }
     if (stallCheck) ch.checkStalls(now);
     if (tcpInfo) readTcpInfo(*e);
+    receiveShmPath(*e, now);
     ch.schedule(now);
     for (auto& path : e->streams) {
       for (auto& s : path) {
@@ -33,7 +34,7 @@ void TcpDevice::Impl::progressChannels() {
       }
     }
     pumpFabricPaths(*e, now);
-    pumpShmPath(*e, now);
+    sendShmPath(*e, now);
   }
 }
 
@@ -141,6 +142,7 @@ void TcpDevice::Impl::runRounds(epoll_event* events) {
     int n = ::epoll_wait(epfd.get(), events, 64, sleepMs);
     if (n < 0 && errno != EINTR) MLOG_ERROR(kTransport, "epoll_wait: {}", errnoText(errno));
     std::lock_guard lock(poller->mu);
+    if (sleepMs > 0 && shmEnabled()) shmAwake();
     processEvents(events, std::max(n, 0));
     // Expire handshakes and streams nobody claimed.
     TimePoint now = Clock::now();

@@ -9,9 +9,8 @@
 namespace meridian::transport::tcp {
 namespace {
 
-constexpr std::size_t kSegmentBytes = shm::pathSegmentBytes(shm::kPathRingBytes);
-// What the creator's segment measures: rounded up to whole pages.
-constexpr std::size_t kSegmentMappedBytes = (kSegmentBytes + 4095) / 4096 * 4096;
+// The largest segment a peer may offer: the largest rings, rounded up to whole pages.
+constexpr std::size_t kMaxSegmentBytes = (shm::pathSegmentBytes(shm::kMaxPathRingBytes) + 4095) / 4096 * 4096;
 // How long a closing channel keeps trying to hand its shared-memory goodbye over.
 constexpr std::int64_t kGoodbyeWaitUs = 200'000;
 
@@ -50,7 +49,7 @@ void TcpDevice::Impl::takeShmPairing(ChannelEntry& e, Stream& from, std::span<co
     no.reason = why;
     sendShmPairing(from, no);
   };
-  auto m = shm::decodePairing(bytes, kSegmentMappedBytes);
+  auto m = shm::decodePairing(bytes, kMaxSegmentBytes);
   if (!m) {
     MLOG_WARN(kTransport, "rank {}: {}; no shared-memory path", e.peerRank, m.status().message());
     if (!e.shmPairingDone) refuse("a malformed pairing message");
@@ -70,7 +69,8 @@ void TcpDevice::Impl::takeShmPairing(ChannelEntry& e, Stream& from, std::span<co
       }
       if (!shmEnabled() || e.shmSlot == SIZE_MAX) return refuse("MERIDIAN_SHM=off");
       if (m->hostKey != shm::localHostKey()) return refuse("another host");
-      auto seg = shm::ShmSegment::create(shm::jobSegmentTag(options.secret, e.sessionId), kSegmentBytes);
+      auto seg = shm::ShmSegment::create(shm::jobSegmentTag(options.secret, e.sessionId),
+                                         shm::pathSegmentBytes(shm::pathRingBytes(e.shmHostPeers)));
       if (!seg) {
         MLOG_INFO(kTransport, "no shared-memory path to rank {}: {}", e.peerRank, seg.status().message());
         return refuse(seg.status().message());
@@ -121,6 +121,12 @@ void TcpDevice::Impl::startShmPath(ChannelEntry& e, shm::ShmSegment segment, boo
                                    int peerDoorbell) {
   shm::ShmPathConfig config;
   config.index = e.shmSlot;
+  config.ringCapacity = shm::ringCapacityOf(segment.bytes());
+  if (config.ringCapacity == 0) {
+    MLOG_WARN(kTransport, "rank {}'s shared-memory segment of {} bytes holds no rings; no shared-memory path",
+              e.peerRank, segment.bytes());
+    return;
+  }
   config.peerPid = peerPid == static_cast<std::int32_t>(::getpid()) ? 0 : peerPid;
   if (e.readPid > 0) {
     const std::int64_t pid = e.readPid;
@@ -139,9 +145,16 @@ void TcpDevice::Impl::startShmPath(ChannelEntry& e, shm::ShmSegment segment, boo
   e.engine->onPathUp(e.shmSlot, -1);
 }
 
-std::size_t TcpDevice::Impl::pumpShmPath(ChannelEntry& e, std::int64_t now) {
+std::size_t TcpDevice::Impl::receiveShmPath(ChannelEntry& e, std::int64_t now) {
   if (!e.shm || e.shm->failed()) return 0;
-  const std::size_t moved = e.shm->pump(now);
+  const std::size_t moved = e.shm->receive(now);
+  shmWork += moved;
+  return moved;
+}
+
+std::size_t TcpDevice::Impl::sendShmPath(ChannelEntry& e, std::int64_t now) {
+  if (!e.shm || e.shm->failed()) return 0;
+  const std::size_t moved = e.shm->send(now);
   shmWork += moved;
   return moved;
 }
@@ -152,9 +165,15 @@ int TcpDevice::Impl::shmSleepMs(int wanted) {
     if (!e->shm || e->shm->failed()) continue;
     if (!e->shm->readyToSleep()) return 0;
     // A peer that could not take our doorbell cannot wake us: we look again soon.
-    if (!e->shm->peerRings()) wanted = std::min(wanted, 1);
+    if (!e->shm->peerRings() || e->shm->busy()) wanted = std::min(wanted, 1);
   }
   return wanted;
+}
+
+void TcpDevice::Impl::shmAwake() {
+  for (auto& e : channels) {
+    if (e->shm) e->shm->awake();
+  }
 }
 
 void TcpDevice::Impl::closeShmPath(ChannelEntry& e) {

@@ -30,6 +30,7 @@ struct DirectReadPlan {
   // The peer is another process on this host (shm::localHostKey): with MERIDIAN_SHM=auto its
   // channel gets a shared-memory path, and its TCP paths stand by beside it.
   bool sameHost = false;
+  int sameHostPeers = 0;  // how many of the group's ranks share this host (besides this one)
 };
 
 class TcpDevice final : public Device {
