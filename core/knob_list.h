@@ -91,7 +91,8 @@
     "one copy instead of loopback TCP's two; off: always through the sockets.")                     \
   CHOICE(kShm, "MERIDIAN_SHM", "auto", "auto|off",                                                 \
     "auto: ranks on one host (same boot, user and namespaces) talk through shared memory: "       \
-    "every channel to such a peer gets a shared-memory path (a 1 MiB /dev/shm segment per pair, "  \
+    "every channel to such a peer gets a shared-memory path (a /dev/shm segment per pair, 4 MiB "  \
+    "down to 260 KiB as peers on the host grow, "                                                   \
     "its TCP paths on standby), and when every rank of a communicator shares the host, allreduce " \
     "and barrier run through a 4 MiB segment per rank (segments are unlinked once mapped); "        \
     "off: TCP (and direct reads) only.")                                           \

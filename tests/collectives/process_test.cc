@@ -228,6 +228,10 @@ TEST(CollectivesProcessTest, OneRank) { runWorld(1); }
 TEST(CollectivesProcessTest, TwoRanks) { runWorld(2, {"MERIDIAN_TEST_EXPECT_SHM=1"}); }
 TEST(CollectivesProcessTest, ThreeRanks) { runWorld(3, {"MERIDIAN_TEST_EXPECT_SHM=1"}); }
 TEST(CollectivesProcessTest, FourRanks) { runWorld(4, {"MERIDIAN_TEST_EXPECT_SHM=1"}); }
+// Many ranks on 2 cores (oversubscribed, as on any CI runner): the arena's waiting yields,
+// and the shared-memory paths' rings shrink with the number of peers (pathRingBytes).
+TEST(CollectivesProcessTest, EightRanks) { runWorld(8, {"MERIDIAN_TEST_EXPECT_SHM=1"}); }
+TEST(CollectivesProcessTest, SixteenRanks) { runWorld(16, {"MERIDIAN_TEST_EXPECT_SHM=1"}); }
 // A rank killed while the others are in an allreduce with it: they fail within seconds
 // (not at their 60 s deadline), and no segment of the job is left in /dev/shm.
 TEST(CollectivesProcessTest, ARankKilledInAnAllreduceFailsTheOthersAndLeavesNoSegment) {
