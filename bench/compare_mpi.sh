@@ -26,11 +26,10 @@ mpiSm=(mpirun --allow-run-as-root --oversubscribe)
 mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl tcp,self --mca btl_tcp_if_include lo
      --mca pml ob1)
 ring=(--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4)
-for tool in "$build/bench/meridian-bench" "$build/bench/mpi-coll-bench"; do
-  [ -x "$tool" ] || { echo "missing $tool: build first (cmake --build $build)" >&2; exit 1; }
-done
-command -v mpirun >/dev/null || { echo "mpirun not found: apt-get install openmpi-bin libopenmpi-dev" >&2; exit 1; }
-[[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "ROUNDS must be a positive integer (got '$rounds')" >&2; exit 1; }
+source "$root/bench/lib.sh"
+bench_require_tools "$build" meridian-bench mpi-coll-bench
+bench_require_mpirun
+bench_require_rounds "$rounds"
 
 # contender NAME RANKS ARGS...: one run of one contender (its table on stdout).
 contender() {

@@ -21,11 +21,10 @@ ranks=("$@")
 rounds=${ROUNDS:-5}
 read -r -a sizes <<< "${SIZES:--b 8 -e 16M -f 16}"
 ops=broadcast,all_gather,reduce_scatter
-for tool in "$build/bench/meridian-bench" "$build/bench/mpi-coll-bench"; do
-  [ -x "$tool" ] || { echo "missing $tool: build first (cmake --build $build)" >&2; exit 1; }
-done
-command -v mpirun >/dev/null || { echo "mpirun not found: apt-get install openmpi-bin libopenmpi-dev" >&2; exit 1; }
-[[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "ROUNDS must be a positive integer (got '$rounds')" >&2; exit 1; }
+source "$root/bench/lib.sh"
+bench_require_tools "$build" meridian-bench mpi-coll-bench
+bench_require_mpirun
+bench_require_rounds "$rounds"
 
 # contender NAME RANKS: one run (table rows "op size time_us" on stdout).
 contender() {
