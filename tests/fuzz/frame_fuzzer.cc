@@ -14,6 +14,8 @@
 #include "transport/fabric/link.h"
 #include "transport/frame.h"
 #include "transport/multipath/multipath_channel.h"
+#include "transport/shm/pairing.h"
+#include "transport/shm/ring.h"
 #include "transport/tcp/direct_read.h"
 #include "transport/tcp/handshake.h"
 
@@ -75,9 +77,28 @@ void fuzzHandshake(std::span<const std::uint8_t> in) {
 
 }  // namespace
 
+// A shared-memory ring whose memory a peer filled with the input: the reader follows only
+// what lies inside the ring, however the counters and record headers read.
+void fuzzRing(std::span<const std::uint8_t> in) {
+  constexpr std::size_t kCapacity = 4096;
+  alignas(64) static std::uint8_t memory[shm::ringBytes(kCapacity)];
+  std::memset(memory, 0, sizeof(memory));
+  std::memcpy(memory, in.data(), std::min(in.size(), sizeof(memory)));
+  shm::RingReader reader(memory, kCapacity);
+  for (int i = 0; i < 256; ++i) {
+    shm::Record r;
+    auto more = reader.next(&r);
+    if (!more || !*more) return;
+    volatile std::uint8_t sink = 0;
+    for (std::uint8_t b : r.content) sink = static_cast<std::uint8_t>(sink ^ b);  // every byte is readable
+    reader.release();
+  }
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   std::span<const std::uint8_t> in(data, size);
   fuzzHandshake(in);
+  fuzzRing(in);
 
   MultipathConfig cfg;
   cfg.chunkBytes = 4096;
@@ -104,9 +125,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       continue;
     }
     if (h->type == FrameType::kClose) continue;
-    if (h->type == FrameType::kPathNames) {  // the device decodes the payload as rail names
+    if (h->type == FrameType::kPathNames || h->type == FrameType::kShmPairing) {
+      // The device decodes the payload as rail names, or as a shared-memory pairing message.
       const std::size_t avail = std::min<std::size_t>(h->length, size - pos);
-      (void)fabric::decodeRailNames(in.subspan(pos, avail));
+      if (h->type == FrameType::kPathNames) {
+        (void)fabric::decodeRailNames(in.subspan(pos, avail));
+      } else {
+        (void)shm::decodePairing(in.subspan(pos, avail), 8u << 20);
+      }
       pos += avail;
       continue;
     }
