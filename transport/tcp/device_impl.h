@@ -280,6 +280,8 @@ struct Poller : Progressor {
   }
   static constexpr std::int64_t kTesterUs = 1000;
   std::atomic<int> pollers{0};
+  static constexpr unsigned kShmPollsPerEpoll = 8;
+  unsigned polls = 0;  // under mu
   std::atomic<std::int64_t> lastPollUs{0};
   std::mutex idleMu;
   std::condition_variable idleCv;
@@ -475,6 +477,7 @@ struct TcpDevice::Impl {
   void shmAwake();
   void closeShmPath(ChannelEntry& e);
   std::size_t shmWork = 0;  // records the shared-memory paths moved in this round
+  std::size_t liveShmPaths = 0;  // channels whose shared-memory path is up (under poller->mu)
 };
 
 }  // namespace meridian::transport::tcp
