@@ -64,8 +64,7 @@ Result<std::unique_ptr<HostArena>> HostArena::join(transport::GroupExchange& exc
                                                    std::uint64_t sessionId, TimePoint deadline, std::string* why) {
   const int n = exchange.size();
   const int rank = exchange.rank();
-  static std::once_flag sweep;
-  std::call_once(sweep, [] { transport::shm::removeStaleSegments(); });
+  transport::shm::removeStaleSegmentsOnce();
 
   // Every rank takes part in both exchanges whatever happens here, so that all reach the
   // same verdict instead of some waiting for an offer that never comes.

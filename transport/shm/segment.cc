@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <utility>
 
 #include "core/fd.h"
@@ -227,6 +228,11 @@ void ShmSegment::unlink() {
   if (::shm_unlink(name_.c_str()) != 0 && errno != ENOENT) {
     MLOG_WARN(kTransport, "shm_unlink {}: {}", name_, errnoText(errno));
   }
+}
+
+void removeStaleSegmentsOnce() {
+  static std::once_flag sweep;
+  std::call_once(sweep, [] { (void)removeStaleSegments(); });
 }
 
 int removeStaleSegments(const std::string& dir) {

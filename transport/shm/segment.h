@@ -103,5 +103,8 @@ std::string localHostKey();
 // owned by this user, whose header names a process that no longer exists. Returns how
 // many it removed; logs each at INFO. Segments of live processes and of other users stay.
 int removeStaleSegments(const std::string& dir = "/dev/shm");
+// removeStaleSegments() the first time a process calls it (every user of segments calls it
+// before it creates its first: the host arena, and the TCP device's shared-memory paths).
+void removeStaleSegmentsOnce();
 
 }  // namespace meridian::transport::shm

@@ -133,6 +133,8 @@ Result<GroupInfo> TcpDevice::joinGroup(GroupExchange& exchange, std::uint64_t se
   // The offer also says where this rank lives (its host key and pid), which shared-memory
   // paths need even when direct reads are off.
   const std::string offer = enabled || impl_->shmEnabled() ? encodeDirectReadOffer(localDirectReadOffer()) : "";
+  // A job killed between a pair segment's offer and its attach left it behind: gone now.
+  if (impl_->shmEnabled()) shm::removeStaleSegmentsOnce();
   auto asBytes = [](const std::string& v) {
     return std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(v.data()), v.size());
   };
