@@ -39,7 +39,11 @@ ShmPath::ShmPath(ShmSegment segment, bool creator, ChannelEngine& engine, ShmPat
   tx_.announceDoorbell(config_.peerDoorbell.get() >= 0);
 }
 
-void ShmPath::fail(const Status& why) {
+void ShmPath::fail(const Status& why) { stop(why, /*graceful=*/false); }
+
+void ShmPath::end(const Status& why) { stop(why, /*graceful=*/true); }
+
+void ShmPath::stop(const Status& why, bool graceful) {
   if (failed_) return;
   failed_ = true;
   controls_.clear();
@@ -47,16 +51,7 @@ void ShmPath::fail(const Status& why) {
   chunk_ = OutChunk{};
   reading_ = false;
   target_ = RecvTarget{};
-  engine_.onPathFailed(config_.index, why, false);
-}
-
-void ShmPath::end(const Status& why) {
-  if (failed_) return;
-  failed_ = true;
-  controls_.clear();
-  writing_ = false;
-  chunk_ = OutChunk{};
-  engine_.onPathFailed(config_.index, why, true);
+  engine_.onPathFailed(config_.index, why, graceful);
 }
 
 void ShmPath::failPeer(const Status& why) {
@@ -199,7 +194,6 @@ bool ShmPath::writeChunks(std::int64_t nowUs, std::size_t* moved) {
       inlined += static_cast<std::uint32_t>(n);
     }
     tx_.commit(RecordKind::kFrame, content);
-    bytesWritten_ += inlined;
     chunk_ = std::move(c);
     chunkBytes_ = h.length;
     written_ = inlined;
@@ -226,7 +220,6 @@ bool ShmPath::writeChunkPieces() {
     }
     tx_.commit(RecordKind::kPiece, put);
     written_ += static_cast<std::uint32_t>(put);
-    bytesWritten_ += put;
   }
   return true;
 }
@@ -306,7 +299,6 @@ void ShmPath::take(const Record& r) {
         }
         if (config_.directReadBytes != nullptr) config_.directReadBytes->add(data.length);
       }
-      bytesRead_ += data.length;
       got_ = data.length;
       reading_ = true;
       return finishData();
@@ -335,7 +327,6 @@ void ShmPath::payload(std::span<const std::uint8_t> bytes) {
   if (!bytes.empty()) {
     if (std::uint8_t* dst = engine_.targetPointer(target_, got_)) std::memcpy(dst, bytes.data(), bytes.size());
     got_ += bytes.size();
-    bytesRead_ += bytes.size();
   }
   if (got_ == target_.header.length) finishData();
 }

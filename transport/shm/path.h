@@ -102,12 +102,11 @@ class ShmPath {
   // Chunks written and not yet acknowledged, a chunk half read or half written, or a full
   // ring: the backend sleeps at most a moment (a safety net under the doorbells).
   bool busy() const { return unacked_ > 0 || reading_ || writing_ || blocked_; }
-  const ShmSegment& segment() const { return segment_; }
-  std::uint64_t bytesWritten() const { return bytesWritten_; }
-  std::uint64_t bytesRead() const { return bytesRead_; }
 
  private:
   void end(const Status& why);
+  // Both ends of the path: the engine hears of it once, graceful (a goodbye) or not.
+  void stop(const Status& why, bool graceful);
   void ring();
   // Writes queued control frames, then chunks; false when the ring was full.
   bool write(std::int64_t nowUs, std::size_t* moved);
@@ -141,7 +140,6 @@ class ShmPath {
   bool closing_ = false;
   bool failed_ = false;
   std::int64_t lastAliveCheckUs_ = 0;
-  std::uint64_t bytesWritten_ = 0, bytesRead_ = 0;
 };
 
 }  // namespace meridian::transport::shm

@@ -19,6 +19,22 @@ void checkGeometry(const std::uint8_t* memory, std::size_t capacity) {
   }
 }
 
+// The sleep protocol's flag operations (ring.h, "Sleeping").
+// Raise the flag, then a full fence before the caller looks again.
+void raise(std::atomic<std::uint32_t>& flag) {
+  flag.store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+// Lowered by its owner only, once awake (a store only when it is up: the line stays shared).
+void lower(std::atomic<std::uint32_t>& flag) {
+  if (flag.load(std::memory_order_relaxed) != 0) flag.store(0, std::memory_order_relaxed);
+}
+// The other side, after it published: a full fence, then the look.
+bool isUp(const std::atomic<std::uint32_t>& flag) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return flag.load(std::memory_order_relaxed) != 0;
+}
+
 }  // namespace
 
 RingWriter::RingWriter(std::uint8_t* memory, std::size_t capacity)
@@ -65,23 +81,15 @@ void RingWriter::commit(RecordKind kind, std::size_t bytes) {
 }
 
 bool RingWriter::sleepUnlessRoom(std::size_t min) {
-  control_->producerSleeping.store(1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  raise(control_->producerSleeping);
   const std::uint64_t tail = control_->tail.load(std::memory_order_acquire);
   if (tail > head_ || head_ - tail > capacity_) return true;  // impossible: the next reserve() says so
   return freeBytes(tail) >= 2 * alignUp(kRecordHeaderBytes + min);
 }
 
-void RingWriter::awake() {
-  if (control_->producerSleeping.load(std::memory_order_relaxed) != 0) {
-    control_->producerSleeping.store(0, std::memory_order_relaxed);
-  }
-}
+void RingWriter::awake() { lower(control_->producerSleeping); }
 
-bool RingWriter::consumerNeedsWaking() {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  return control_->consumerSleeping.load(std::memory_order_relaxed) != 0;
-}
+bool RingWriter::consumerNeedsWaking() { return isUp(control_->consumerSleeping); }
 
 void RingWriter::announceDoorbell(bool canRing) {
   control_->producerRings.store(canRing ? 1 : 0, std::memory_order_release);
@@ -140,20 +148,12 @@ bool RingReader::producerRings() const { return control_->producerRings.load(std
 bool RingReader::pending() const { return control_->head.load(std::memory_order_acquire) != tail_; }
 
 bool RingReader::sleepUnlessPending() {
-  control_->consumerSleeping.store(1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  raise(control_->consumerSleeping);
   return pending();
 }
 
-void RingReader::awake() {
-  if (control_->consumerSleeping.load(std::memory_order_relaxed) != 0) {
-    control_->consumerSleeping.store(0, std::memory_order_relaxed);
-  }
-}
+void RingReader::awake() { lower(control_->consumerSleeping); }
 
-bool RingReader::producerNeedsWaking() {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  return control_->producerSleeping.load(std::memory_order_relaxed) != 0;
-}
+bool RingReader::producerNeedsWaking() { return isUp(control_->producerSleeping); }
 
 }  // namespace meridian::transport::shm

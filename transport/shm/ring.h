@@ -78,7 +78,6 @@ class RingWriter {
   bool consumerNeedsWaking();
   // Says whether this side can ring the consumer's doorbell (RingControl::producerRings).
   void announceDoorbell(bool canRing);
-  bool valid() const { return control_ != nullptr; }
 
  private:
   std::size_t freeBytes(std::uint64_t tail) const { return capacity_ - static_cast<std::size_t>(head_ - tail); }
@@ -112,7 +111,6 @@ class RingReader {
   // Whether the producer said it can ring this side (false: look without being rung).
   bool producerRings() const;
   bool pending() const;
-  bool valid() const { return control_ != nullptr; }
 
  private:
   RingControl* control_ = nullptr;

@@ -190,7 +190,7 @@ void TcpDevice::Impl::readStream(Stream& s) {
         if (h->type == FrameType::kPathNames || h->type == FrameType::kShmPairing) {
           if (s.path >= e.directPaths) {
             // Relay streams run through a third rank: names come only on a direct path.
-            Status st = peerError("rank {} sent fabric rail names on relay path {}", e.peerRank, s.path);
+            Status st = peerError("rank {} sent path set-up (rail names or shared-memory pairing) on relay path {}", e.peerRank, s.path);
             MLOG_ERROR(kTransport, "{}; closing the connection", st.message());
             failPath(e, s.path, st, false);
             return;
