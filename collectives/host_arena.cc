@@ -36,7 +36,9 @@ using transport::shm::kSegmentHeaderBytes;
 
 struct HostArena::Flags {
   alignas(128) std::uint32_t arrived;
+  std::uint64_t arrivedAtNs;  // when `arrived` was last published (CLOCK_MONOTONIC, host-wide)
   alignas(128) std::uint32_t reduced;
+  std::uint64_t reducedAtNs;
   alignas(128) std::uint32_t waiters;
   alignas(128) std::uint32_t aborted;
 };
@@ -47,9 +49,17 @@ constexpr std::size_t kFlagsOffset = 256;
 static_assert(sizeof(SegmentHeader) <= kFlagsOffset);
 constexpr int kSpinRounds = 4000;        // ~10-40 us of pause before sleeping
 constexpr int kYieldRounds = 200;        // ranks outnumber cores: yield instead, then sleep
+std::uint64_t monotonicNs() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<std::uint64_t>(ts.tv_nsec);
+}
 constexpr long kSleepSliceNs = 1'000'000;  // a sleeper looks at the deadline and the peer this often
 
-std::atomic_ref<std::uint32_t> at(std::uint32_t& word) { return std::atomic_ref<std::uint32_t>(word); }
+template <typename T>
+std::atomic_ref<T> at(T& word) {
+  return std::atomic_ref<T>(word);
+}
 
 // Op numbers wrap: "reached" is a signed distance, as TCP's sequence numbers.
 bool reached(std::uint32_t flag, std::uint32_t value) { return static_cast<std::int32_t>(flag - value) >= 0; }
@@ -151,8 +161,13 @@ std::uint8_t* HostArena::result(int r, std::uint32_t op) const {
   return segments_[static_cast<std::size_t>(r)].data() + kSegmentHeaderBytes + (2 + (op & 1)) * kWindowBytes;
 }
 
+std::uint64_t& HostArena::stampOf(Flags& f, std::uint32_t Flags::*which) {
+  return which == &Flags::arrived ? f.arrivedAtNs : f.reducedAtNs;
+}
+
 void HostArena::publish(std::uint32_t Flags::*which, std::uint32_t value) {
   Flags& f = flags(rank_);
+  at(stampOf(f, which)).store(monotonicNs(), std::memory_order_relaxed);
   at(f.*which).store(value, std::memory_order_seq_cst);
   // Dekker with the sleeper: it counts itself in `waiters` and then checks the flag; we set
   // the flag and then check `waiters` (both seq_cst), so one of us sees the other.
@@ -188,8 +203,17 @@ Status HostArena::waitOne(int peer, std::uint32_t Flags::*which, std::uint32_t v
   };
   if (shareCores_) {
     // More ranks than cores: the peer we wait for may need this very core to get there.
-    for (int i = 0; i < kYieldRounds; ++i) {
-      if (reached(at(word).load(std::memory_order_acquire), value)) return Status::ok();
+    // Yield while yielding pays (ShareCoresWait).
+    const bool sleepFirst = shareCoresWait_.sleepFirst();
+    for (int i = 0; !sleepFirst && i < kYieldRounds; ++i) {
+      if (reached(at(word).load(std::memory_order_acquire), value)) {
+        if (i > 0) {
+          // A stamp past `now`: the peer published again meanwhile; it was not late.
+          const std::uint64_t stamp = at(stampOf(f, which)).load(std::memory_order_relaxed), now = monotonicNs();
+          shareCoresWait_.saw(now > stamp ? now - stamp : 0);
+        }
+        return Status::ok();
+      }
       ::sched_yield();
     }
   } else {
@@ -198,6 +222,8 @@ Status HostArena::waitOne(int peer, std::uint32_t Flags::*which, std::uint32_t v
       MERIDIAN_CPU_RELAX();
     }
   }
+  // The flag first: a peer that published and then left (it finished and closed) did its part.
+  if (reached(at(word).load(std::memory_order_acquire), value)) return Status::ok();
   MERIDIAN_RETURN_IF_ERROR(left());
   for (;;) {
     at(f.waiters).fetch_add(1, std::memory_order_seq_cst);

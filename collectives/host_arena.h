@@ -24,12 +24,15 @@
 // once it finished op s (its reads of everyone's window s included); results likewise.
 //
 // Waiting: spin on the flag for a few microseconds (a peer on another core publishes within
-// that; with more ranks than cores, yield the core instead: the peer may need it), then sleep on it with a futex (FUTEX_WAIT on the shared page; the publisher wakes
+// that), then sleep on it with a futex (FUTEX_WAIT on the shared page; the publisher wakes
 // sleepers when the owner's `waiters` says there are any), waking every millisecond to check
 // the deadline and that the peer's process still exists: a peer that died fails the op with
 // a peer error naming it, within a millisecond of its death being visible, never a hang. A
 // rank whose communicator broke sets its `aborted` flag and wakes its sleepers: they fail
 // at once rather than at their deadline.
+// With more ranks than cores, the peer may need this very core to get there: waiters yield
+// instead of spinning, as long as yielding pays (ShareCoresWait; each flag carries the time
+// it was published, so a waiter knows how late it saw it).
 //
 // Threads: one op at a time (the communicator's worker); the arena itself is not shared
 // between threads.
@@ -49,6 +52,31 @@
 #include "transport/shm/segment.h"
 
 namespace meridian::collectives {
+
+// How a waiter that shares its core with more threads than there are cores waits: by yielding
+// while yielding pays (the threads it yields to are peers that publish and yield back within
+// microseconds), by sleeping on the futex at once when yielding waits keep seeing the flag
+// late (a yield handed the core to a thread that kept it for a time slice). While sleeping
+// is the rule, every kProbeEvery-th wait yields again to look.
+class ShareCoresWait {
+ public:
+  static constexpr std::uint64_t kLateNs = 50'000;
+  static constexpr double kWeight = 1.0 / 32;  // a moving share over about 32 waits
+  static constexpr double kShareToSleep = 0.05;
+  static constexpr std::uint32_t kProbeEvery = 64;
+
+  // Called once before each wait: true to sleep at once, false to yield first.
+  bool sleepFirst() {
+    return lateShare_ > kShareToSleep && ++waitsSinceProbe_ % kProbeEvery != 0;
+  }
+  // A yielding wait saw the flag `sinceNs` after its publisher stamped it.
+  void saw(std::uint64_t sinceNs) { lateShare_ += ((sinceNs > kLateNs ? 1.0 : 0.0) - lateShare_) * kWeight; }
+  double lateShare() const { return lateShare_; }
+
+ private:
+  double lateShare_ = 0;
+  std::uint32_t waitsSinceProbe_ = 0;
+};
 
 class HostArena {
  public:
@@ -92,6 +120,7 @@ class HostArena {
   Flags& flags(int r) const;
   std::uint8_t* input(int r, std::uint32_t op) const;
   std::uint8_t* result(int r, std::uint32_t op) const;
+  static std::uint64_t& stampOf(Flags& f, std::uint32_t Flags::*which);
   void publish(std::uint32_t Flags::*which, std::uint32_t value);
   Status waitAll(std::uint32_t Flags::*which, std::uint32_t value, TimePoint deadline, const char* what);
   Status waitOne(int peer, std::uint32_t Flags::*which, std::uint32_t value, TimePoint deadline, const char* what);
@@ -101,6 +130,7 @@ class HostArena {
   std::vector<transport::shm::ShmSegment> segments_;  // [rank_] is this rank's own
   std::uint32_t op_ = 0;              // the number of the last op (window) run
   bool shareCores_ = false;           // more ranks than cores: waiters yield, not spin
+  ShareCoresWait shareCoresWait_;
   Status broken_;
 };
 
