@@ -199,6 +199,20 @@ routing::LinkRow RoutingControl::ownRow() const {
     if (!ps.alive || !(ps.rateBytesPerSec > 0)) return std::nullopt;
     return ps.rateBytesPerSec;
   };
+  auto addRates = [&](bool unprobedOnly) {
+    for (int p = 0; p < size_; ++p) {
+      const auto& s = stats[static_cast<std::size_t>(p)];
+      for (std::size_t k = 0; k < s.size() && k < static_cast<std::size_t>(routing::kMaxPathsPerPeer); ++k) {
+        if (unprobedOnly && (transport::probesReach(s[k].kind) || !s[k].alive)) continue;
+        routing::LinkFigures f;
+        f.peer = p;
+        f.path = static_cast<int>(k);
+        f.kind = s[k].kind;
+        f.rateBytesPerSec = rateOf(p, f.path);
+        row.links.push_back(f);
+      }
+    }
+  };
   if (monitor_ != nullptr) {
     for (const routing::PathView& v : monitor_->paths()) {
       if (v.path >= routing::kMaxPathsPerPeer) continue;
@@ -215,17 +229,9 @@ routing::LinkRow RoutingControl::ownRow() const {
       f.congested = v.state == routing::CongestionState::kCongested;
       row.links.push_back(f);
     }
+    addRates(/*unprobedOnly=*/true);  // fabric and shared-memory paths: their measured rates
   } else {
-    for (int p = 0; p < size_; ++p) {
-      const auto& s = stats[static_cast<std::size_t>(p)];
-      for (std::size_t k = 0; k < s.size() && k < static_cast<std::size_t>(routing::kMaxPathsPerPeer); ++k) {
-        routing::LinkFigures f;
-        f.peer = p;
-        f.path = static_cast<int>(k);
-        f.rateBytesPerSec = rateOf(p, f.path);
-        row.links.push_back(f);
-      }
-    }
+    addRates(/*unprobedOnly=*/false);
   }
   return row;
 }
@@ -311,7 +317,7 @@ void RoutingControl::updateRelays(TimePoint now) {
     const int current = slot->alive ? slot->relayVia : -1;
     relayVia(rank_, peer).set(current);  // also when it went away on its own (the via rank failed)
     const int planes = static_cast<int>(
-        std::count_if(stats.begin(), stats.end(), [](const transport::PathStats& ps) { return !ps.relay && !ps.fabric; }));
+        std::count_if(stats.begin(), stats.end(), [](const transport::PathStats& ps) { return !ps.relay && probesReach(ps.kind); }));
     if (planes == 0) return;
     const routing::RelayOffer offer =
         routing::bestRelay(view, rank_, peer, kRelayReferenceBytes, 1.0 / planes);

@@ -34,10 +34,13 @@ double median(std::vector<double> v) {
 }
 
 // One ordered pair as one row sees it: the best smoothed RTT over the paths and the sum of
-// their measured rates.
+// their measured rates; with a shared-memory link, that link's rate alone (the TCP paths
+// stand by beside it, and their rates are old news).
 struct Pair {
   std::optional<double> srttUs;
   std::optional<double> rate;
+  std::optional<double> sharedMemoryRate;
+  std::optional<double> bestRate() const { return sharedMemoryRate ? sharedMemoryRate : rate; }
 };
 
 }  // namespace
@@ -46,7 +49,7 @@ std::vector<std::uint8_t> encodeLinkRow(const LinkRow& row) {
   json links = json::array();
   for (const LinkFigures& l : row.links) {
     links.push_back({l.peer, l.path, optional(l.minRttUs), optional(l.srttUs), optional(l.jitterUs), optional(l.loss),
-                     optional(l.rateBytesPerSec), l.congested});
+                     optional(l.rateBytesPerSec), l.congested, static_cast<int>(l.kind)});
   }
   const std::string text = json{{"r", row.rank}, {"t", row.atUs}, {"l", std::move(links)}}.dump();
   return {text.begin(), text.end()};
@@ -73,9 +76,9 @@ Result<LinkRow> decodeLinkRow(std::span<const std::uint8_t> bytes, int worldSize
   constexpr double kMaxUs = 3.6e9;       // an hour
   constexpr double kMaxRate = 1e13;      // 80 Tbit/s
   for (const json& e : *l) {
-    if (!e.is_array() || e.size() != 8 || !e[0].is_number_integer() || !e[1].is_number_integer() ||
-        !e[7].is_boolean()) {
-      return invalidArgument("link row: a link is not [peer, path, 5 figures, congested]");
+    if (!e.is_array() || e.size() != 9 || !e[0].is_number_integer() || !e[1].is_number_integer() ||
+        !e[7].is_boolean() || !e[8].is_number_integer()) {
+      return invalidArgument("link row: a link is not [peer, path, 5 figures, congested, kind]");
     }
     LinkFigures f;
     const auto peer = e[0].get<std::int64_t>(), path = e[1].get<std::int64_t>();
@@ -89,6 +92,11 @@ Result<LinkRow> decodeLinkRow(std::span<const std::uint8_t> bytes, int worldSize
     MERIDIAN_ASSIGN_OR_RETURN(f.loss, figure(e[5], "loss", 1.0));
     MERIDIAN_ASSIGN_OR_RETURN(f.rateBytesPerSec, figure(e[6], "rate", kMaxRate));
     f.congested = e[7].get<bool>();
+    const auto kind = e[8].get<std::int64_t>();
+    if (kind < 0 || kind > static_cast<int>(transport::PathKind::kSharedMemory)) {
+      return invalidArgument("link row: path kind {} out of range", kind);
+    }
+    f.kind = static_cast<transport::PathKind>(kind);
     row.links.push_back(f);
   }
   return row;
@@ -117,7 +125,10 @@ std::vector<Pair> pairsOf(const std::vector<std::optional<LinkRow>>& rows, int n
       if (f.peer < 0 || f.peer >= n) continue;
       Pair& p = pairs[idx(i) * idx(n) + idx(f.peer)];
       if (f.srttUs) p.srttUs = p.srttUs ? std::min(*p.srttUs, *f.srttUs) : *f.srttUs;
-      if (f.rateBytesPerSec && *f.rateBytesPerSec > 0) p.rate = p.rate.value_or(0) + *f.rateBytesPerSec;
+      if (f.rateBytesPerSec && *f.rateBytesPerSec > 0) {
+        auto& sum = f.kind == transport::PathKind::kSharedMemory ? p.sharedMemoryRate : p.rate;
+        sum = sum.value_or(0) + *f.rateBytesPerSec;
+      }
     }
   }
   return pairs;
@@ -173,12 +184,14 @@ NetworkView LinkStateTable::view(const std::vector<int>& regionOf, int regions) 
   v.regionOf = regionOf;
   v.links.assign(idx(n) * idx(n), LinkCost{});
   auto at = [&](int i, int j) -> const Pair& { return pairs[idx(i) * idx(n) + idx(j)]; };
-  // Measured pairs, for the stand-ins: per region pair (unordered) and with their RTT.
+  // Measured pairs, for the stand-ins: per region pair (unordered) and with their RTT. Pairs
+  // on two hosts only: neither a shared-memory link nor the loopback TCP beside it says
+  // anything about a pair on two hosts.
   std::vector<std::vector<double>> byRegions(idx(regions) * idx(regions));
   std::vector<std::pair<double, double>> rttRate;  // (RTT, rate)
   for (int i = 0; i < n; ++i) {
     for (int j = 0; j < n; ++j) {
-      if (i == j || !at(i, j).rate) continue;
+      if (i == j || !at(i, j).rate || at(i, j).sharedMemoryRate || at(j, i).sharedMemoryRate) continue;
       const int a = std::min(regionOf[idx(i)], regionOf[idx(j)]), b = std::max(regionOf[idx(i)], regionOf[idx(j)]);
       byRegions[idx(a) * idx(regions) + idx(b)].push_back(*at(i, j).rate);
       if (auto rtt = pairRtt(pairs, n, i, j)) rttRate.emplace_back(*rtt, *at(i, j).rate);
@@ -191,10 +204,10 @@ NetworkView LinkStateTable::view(const std::vector<int>& regionOf, int regions) 
       if (!rtt) continue;  // unusable: rate 0
       LinkCost& link = v.links[idx(i) * idx(n) + idx(j)];
       link.latencySec = *rtt / 2 * 1e-6;
-      if (at(i, j).rate) {
-        link.bytesPerSec = *at(i, j).rate;
-      } else if (at(j, i).rate) {
-        link.bytesPerSec = *at(j, i).rate;
+      if (auto own = at(i, j).bestRate()) {
+        link.bytesPerSec = *own;
+      } else if (auto back = at(j, i).bestRate()) {
+        link.bytesPerSec = *back;
       } else {
         const int a = std::min(regionOf[idx(i)], regionOf[idx(j)]), b = std::max(regionOf[idx(i)], regionOf[idx(j)]);
         const auto& same = byRegions[idx(a) * idx(regions) + idx(b)];

@@ -16,6 +16,7 @@
 
 #include "core/status.h"
 #include "routing/planner.h"
+#include "transport/channel.h"
 
 namespace meridian::routing {
 
@@ -29,6 +30,11 @@ struct LinkFigures {
   std::optional<double> loss;              // 0..1
   std::optional<double> rateBytesPerSec;   // delivered rate while the path was busy
   bool congested = false;
+  // The path's kind: TCP paths are probed (RTT, jitter, loss); fabric and shared-memory paths
+  // carry their measured rate alone. A shared-memory link is a link kind of its own in the
+  // view: where a pair has one, its rate is that link's, not a sum with the TCP paths that
+  // stand by beside it.
+  transport::PathKind kind = transport::PathKind::kTcp;
 };
 
 struct LinkRow {
@@ -75,10 +81,12 @@ class LinkStateTable {
   // The planner's view. Per ordered pair (i, j):
   //  - latency: half the smaller smoothed RTT over j's paths in i's row, else in j's row;
   //    a pair with none is unusable (rate 0);
-  //  - rate: the sum over i's paths to j of their measured rates; missing, the first of:
-  //    the measured j -> i rate (links are near symmetric), the median measured rate between
-  //    the same two regions, the median of measured pairs whose RTT is within 1.5x, and
-  //    kPriorWindowBytes / RTT (at most kPriorMaxBytesPerSec).
+  //  - rate: the measured rate of i's shared-memory link to j where there is one, else the
+  //    sum over i's paths to j of their measured rates; missing, the first of: the measured
+  //    j -> i rate (links are near symmetric), the median measured rate between the same two
+  //    regions, the median of measured pairs whose RTT is within 1.5x (these two over pairs
+  //    without a shared-memory link, so on two hosts), and kPriorWindowBytes / RTT (at most
+  //    kPriorMaxBytesPerSec).
   // `regionOf` (per rank, in [0, regions)) is copied into the view.
   NetworkView view(const std::vector<int>& regionOf, int regions) const;
 

@@ -133,10 +133,12 @@ struct PathMonitor::Impl {
       }
       if (!adaptive) return;
       for (const auto& [peer, s] : states) {
-        // Fabric paths are paths probes do not reach (docs/routing.md).
+        // Fabric and shared-memory paths are paths probes do not reach (docs/routing.md).
         bool unjudgedUp = false;
         if (auto cp = channelPaths.find(peer); cp != channelPaths.end()) {
-          for (const transport::PathStats& ps : cp->second) unjudgedUp = unjudgedUp || (ps.alive && ps.fabric);
+          for (const transport::PathStats& ps : cp->second) {
+            unjudgedUp = unjudgedUp || (ps.alive && !transport::probesReach(ps.kind));
+          }
         }
         std::vector<double> w = weightsFor(s, down[peer], unjudgedUp);
         auto& last = applied[peer];

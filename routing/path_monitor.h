@@ -55,10 +55,10 @@ struct PathEvent {
 // while another one comes and goes is never "raised" (see MultipathChannel::setPathWeights).
 // Paths marked in `down` (may be shorter than `states`) get kDownPathWeight while any path is
 // up, and count as neither clear nor congested; with every path down all are congested.
-// `unjudgedUp`: the channel also has live paths that probes do not reach (fabric paths, which
-// keep their own weight): they count as up, and while no judged path is clear the judged ones
-// keep 1, so the channel's measured rates, not a verdict the other paths cannot be held to,
-// share the data between the kinds.
+// `unjudgedUp`: the channel also has live paths that probes do not reach (fabric and
+// shared-memory paths, which keep their own weight): they count as up, and while no judged
+// path is clear the judged ones keep 1, so the channel's measured rates, not a verdict the
+// other paths cannot be held to, share the data between the kinds.
 std::vector<double> weightsFor(const std::vector<CongestionState>& states, const std::vector<bool>& down = {},
                                bool unjudgedUp = false);
 

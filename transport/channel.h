@@ -32,6 +32,15 @@ struct PathTelemetry {
 };
 
 // Per-path figures a channel exposes (bytes and chunks moved, measured rate).
+// What a path runs over. Probes reach TCP paths only (they share the planes' addresses);
+// routing judges the other kinds by their measured rates alone.
+enum class PathKind : std::uint8_t {
+  kTcp,           // TCP streams over a plane (a relay slot is one too, through a third node)
+  kFabric,        // a libfabric rail
+  kSharedMemory,  // rings in memory shared with a peer on this host
+};
+constexpr bool probesReach(PathKind kind) { return kind == PathKind::kTcp; }
+
 struct PathStats {
   std::string localAddress;
   std::string remoteAddress;
@@ -39,7 +48,7 @@ struct PathStats {
   bool stalled = false;
   bool relay = false;  // a relay slot: a path through a third node when up
   int relayVia = -1;   // the rank a live relay path goes through
-  bool fabric = false;  // a fabric path: probes do not reach it (routing judges it by its rate)
+  PathKind kind = PathKind::kTcp;
   std::uint64_t bytesSent = 0;
   std::uint64_t chunksSent = 0;
   std::uint64_t chunksResent = 0;

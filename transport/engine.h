@@ -40,10 +40,10 @@ struct PathEndpoints {
   // A relay slot: a path through a third node, down until onPathUp (the device opens and
   // closes it while the channel runs; see Device::openRelay).
   bool relay = false;
-  // A fabric path (libfabric rail): down until onPathUp, like a relay slot (its peer has not
-  // named its rail yet), but a direct path once up; probes do not reach it, so routing judges
-  // it by its measured rate alone (PathStats::fabric).
-  bool fabric = false;
+  // A fabric path (libfabric rail) or a shared-memory path: down until onPathUp, like a relay
+  // slot (its peer has not named its rail or paired yet), but a direct path once up; probes
+  // do not reach it, so routing judges it by its measured rate alone (probesReach).
+  PathKind kind = PathKind::kTcp;
   // Carries data only while no path without it is usable, control frames always (a TCP path
   // beside fabric paths under MERIDIAN_FABRIC_TCP=standby): the fabric takes the data, TCP
   // takes it over when the fabric fails or stalls.

@@ -113,7 +113,7 @@ int main() {
       const auto stats = c.peerPathStats(peer);
       if (stats.empty()) continue;
       ++channels;
-      if (stats.back().remoteAddress.find("shared memory") == std::string::npos) {
+      if (stats.back().kind != transport::PathKind::kSharedMemory) {
         failures.push_back(fmt::format("the channel to rank {} has no shared-memory path", peer));
         continue;
       }

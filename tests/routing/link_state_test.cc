@@ -32,6 +32,8 @@ TEST(LinkRowTest, RoundTripsWithMissingValuesKeptMissing) {
   row.links = {link(0, 0, 80000, 5e7), link(0, 1, 90000, std::nullopt), link(1, 0, 150, 1e9)};
   row.links[1].congested = true;
   row.links[2].srttUs.reset();
+  row.links[2].kind = transport::PathKind::kSharedMemory;
+  row.links[1].kind = transport::PathKind::kFabric;
   const auto bytes = encodeLinkRow(row);
   auto back = decodeLinkRow(bytes, 3);
   ASSERT_TRUE(back.isOk()) << back.status().toString();
@@ -43,6 +45,9 @@ TEST(LinkRowTest, RoundTripsWithMissingValuesKeptMissing) {
   EXPECT_TRUE(back.value().links[1].congested);
   EXPECT_FALSE(back.value().links[2].srttUs.has_value());
   EXPECT_EQ(back.value().links[2].minRttUs, 135);
+  EXPECT_EQ(back.value().links[0].kind, transport::PathKind::kTcp);
+  EXPECT_EQ(back.value().links[1].kind, transport::PathKind::kFabric);
+  EXPECT_EQ(back.value().links[2].kind, transport::PathKind::kSharedMemory);
 }
 
 TEST(LinkRowTest, RejectsMalformedRows) {
@@ -51,7 +56,7 @@ TEST(LinkRowTest, RejectsMalformedRows) {
       "[1,2]",
       R"({"r":0,"t":0})",
       R"({"r":3,"t":0,"l":[]})",                                     // rank out of range
-      R"({"r":0,"t":0,"l":[[0,0,null,null,null,null,null,false]]})",  // itself as a peer
+      R"({"r":0,"t":0,"l":[[0,0,null,null,null,null,null,false,0]]})",  // itself as a peer
       R"({"r":0,"t":0,"l":[[1,64,null,null,null,null,null,false]]})", // path out of range
       R"({"r":0,"t":0,"l":[[1,0,-1,null,null,null,null,false]]})",    // negative RTT
       R"({"r":0,"t":0,"l":[[1,0,null,null,null,1.5,null,false]]})",   // loss above 1
@@ -61,9 +66,14 @@ TEST(LinkRowTest, RejectsMalformedRows) {
       R"({"r":0.5,"t":0,"l":[]})",
   };
   for (const char* text : bad) EXPECT_FALSE(decodeLinkRow(bytesOf(text), 3).isOk()) << text;
+  // The same rows, each field fixed, decode: the refusals above are about that field.
+  for (const char* text : {R"({"r":0,"t":0,"l":[[1,0,null,null,null,null,null,false,0]]})",
+                           R"({"r":0,"t":0,"l":[[1,63,10,12,1,0.5,1e9,true,2]]})"}) {
+    EXPECT_TRUE(decodeLinkRow(bytesOf(text), 3).isOk()) << text;
+  }
   // More links than (n-1) * kMaxPathsPerPeer, and an oversized message.
   std::string many = R"({"r":0,"t":0,"l":[)";
-  for (int i = 0; i <= kMaxPathsPerPeer; ++i) many += std::string(i ? "," : "") + "[1,0,null,null,null,null,null,false]";
+  for (int i = 0; i <= kMaxPathsPerPeer; ++i) many += std::string(i ? "," : "") + "[1,0,null,null,null,null,null,false,0]";
   many += "]}";
   EXPECT_FALSE(decodeLinkRow(bytesOf(many), 2).isOk());
   EXPECT_FALSE(decodeLinkRow(std::vector<std::uint8_t>(kMaxLinkRowBytes + 1, ' '), 3).isOk());
@@ -123,6 +133,35 @@ TEST(LinkStateTableTest, ViewFillsMissingRatesInTheDocumentedOrder) {
   // To C nothing measured, nothing near 100 ms: the window prior, 4 MiB / 0.1 s.
   EXPECT_DOUBLE_EQ(v.link(0, 4).bytesPerSec, kPriorWindowBytes / 0.1);
   EXPECT_DOUBLE_EQ(v.link(0, 4).latencySec, 0.050);
+}
+
+// Two hosts of one region: ranks 0 and 1 share host X, 2 on host Y. Between 0 and 1 the
+// TCP paths carried data before the shared-memory path paired; then the shared-memory link.
+TEST(LinkStateTableTest, ASharedMemoryLinkIsItsOwnKindAndNeverStandsInForPairsBetweenHosts) {
+  LinkStateTable t(3);
+  auto shm = [](int peer, int path, double rate) {
+    LinkFigures f;
+    f.peer = peer;
+    f.path = path;
+    f.kind = transport::PathKind::kSharedMemory;
+    f.rateBytesPerSec = rate;
+    return f;
+  };
+  // 0 -> 1: a stale TCP rate (1e9) and the shared-memory link's measured 6e9.
+  ASSERT_TRUE(t.update(LinkRow{0, 1, {link(1, 0, 60, 1e9), shm(1, 2, 6e9), link(2, 0, 300, std::nullopt)}}).isOk());
+  // 1 -> 0: the shared-memory link only; 1 -> 2 measured between the hosts.
+  ASSERT_TRUE(t.update(LinkRow{1, 1, {link(0, 0, 60, std::nullopt), shm(0, 2, 5e9), link(2, 0, 300, 2e8)}}).isOk());
+  ASSERT_TRUE(t.update(LinkRow{2, 1, {link(0, 0, 300, std::nullopt), link(1, 0, 300, std::nullopt)}}).isOk());
+  ASSERT_TRUE(t.complete());
+  const NetworkView v = t.view({0, 0, 0}, 1);
+  // The shared-memory link's rate, not its sum with the TCP path standing by.
+  EXPECT_DOUBLE_EQ(v.link(0, 1).bytesPerSec, 6e9);
+  EXPECT_DOUBLE_EQ(v.link(1, 0).bytesPerSec, 5e9);
+  // 0 -> 2 and 2 -> 0 unmeasured, same region: the median of measured links between hosts
+  // (1 -> 2 at 2e8), where counting shared-memory rates would have given 5e9 or 6e9.
+  EXPECT_DOUBLE_EQ(v.link(0, 2).bytesPerSec, 2e8);
+  EXPECT_DOUBLE_EQ(v.link(2, 0).bytesPerSec, 2e8);
+  EXPECT_DOUBLE_EQ(v.link(2, 1).bytesPerSec, 2e8);  // the reverse direction stands in
 }
 
 // Rank 0 re-plans early when this count rises (collectives/routing_control.h).

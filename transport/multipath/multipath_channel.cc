@@ -103,7 +103,7 @@ MultipathChannel::MultipathChannel(int peerRank, std::vector<PathEndpoints> path
     auto p = std::make_unique<PathState>();
     p->endpoints = paths[i];
     anyStandby_ = anyStandby_ || paths[i].standby;
-    p->alive.store(!paths[i].relay && !paths[i].fabric, std::memory_order_relaxed);
+    p->alive.store(!paths[i].relay && probesReach(paths[i].kind), std::memory_order_relaxed);
     MetricLabels labels{{"device", config_.deviceName},
                         {"peer", peer},
                         {"path", paths[i].relay ? std::string("relay") : std::to_string(i)}};
@@ -115,7 +115,7 @@ MultipathChannel::MultipathChannel(int peerRank, std::vector<PathEndpoints> path
         &reg.counter("meridian_transport_path_received_bytes_total", "Payload bytes received on a path", labels);
     p->failures = &reg.counter("meridian_transport_path_failures_total", "Times a path failed", labels);
     p->up = &reg.gauge("meridian_transport_path_up", "1 while a path is alive and not stalled", labels);
-    p->up->set(paths[i].relay || paths[i].fabric ? 0 : 1);
+    p->up->set(paths[i].relay || !probesReach(paths[i].kind) ? 0 : 1);
     p->labels = std::move(labels);
     paths_.push_back(std::move(p));
   }
@@ -258,7 +258,7 @@ std::vector<PathStats> MultipathChannel::pathStats() const {
     s.stalled = p->stalled.load(std::memory_order_relaxed);
     s.relay = p->endpoints.relay;
     s.relayVia = p->relayVia.load(std::memory_order_relaxed);
-    s.fabric = p->endpoints.fabric;
+    s.kind = p->endpoints.kind;
     s.bytesSent = p->bytesSent->value();
     s.chunksSent = p->chunksSent->value();
     s.chunksResent = p->chunksResent->value();

@@ -300,7 +300,7 @@ std::unique_ptr<ChannelEntry> TcpDevice::Impl::makeEntry(std::uint64_t sessionId
     PathEndpoints fabricEnd;
     fabricEnd.localAddress = railLabels[k];
     fabricEnd.remoteAddress = fmt::format("rank {}'s rail {} ({})", peerRank, k, rails[k]->info().provider);
-    fabricEnd.fabric = true;
+    fabricEnd.kind = PathKind::kFabric;
     endpoints.push_back(std::move(fabricEnd));
   }
   entry->fabric.resize(rails.size());
@@ -308,7 +308,7 @@ std::unique_ptr<ChannelEntry> TcpDevice::Impl::makeEntry(std::uint64_t sessionId
     PathEndpoints shmEnd;
     shmEnd.localAddress = "shm";
     shmEnd.remoteAddress = fmt::format("rank {} (shared memory)", peerRank);
-    shmEnd.fabric = true;  // down until paired; judged by its rate, not probed
+    shmEnd.kind = PathKind::kSharedMemory;  // down until paired
     entry->shmSlot = endpoints.size();
     endpoints.push_back(std::move(shmEnd));
   }
