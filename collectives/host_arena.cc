@@ -17,6 +17,7 @@
 #include <mutex>
 
 #include "core/log.h"
+#include "core/metrics.h"
 #include "core/secret.h"
 #include "kernels/reduce.h"
 
@@ -49,6 +50,29 @@ constexpr std::size_t kFlagsOffset = 256;
 static_assert(sizeof(SegmentHeader) <= kFlagsOffset);
 constexpr int kSpinRounds = 4000;        // ~10-40 us of pause before sleeping
 constexpr int kYieldRounds = 200;        // ranks outnumber cores: yield instead, then sleep
+// The arena's figures, one set per process (every communicator's arena adds to them).
+struct ArenaMetrics {
+  Histogram& inputWait;
+  Histogram& reducedWait;
+  Gauge& sleepFirst;
+  static ArenaMetrics& get() {
+    static ArenaMetrics m = [] {
+      auto& reg = MetricsRegistry::global();
+      auto wait = [&](const char* phase) -> Histogram& {
+        return reg.histogram("meridian_collectives_shm_wait_seconds",
+                             "Time a rank waited for every peer's flag in a shared-memory window: 'input' for "
+                             "their inputs (skew between ranks), 'reduced' for their slices",
+                             {{"phase", phase}}, exponentialBuckets(1e-6, 4, 12));
+      };
+      return ArenaMetrics{wait("input"), wait("reduced"),
+                          reg.gauge("meridian_collectives_shm_sleep_first",
+                                    "1 while shared-memory waiters sleep at once: ranks outnumber cores and yielding "
+                                    "handed the core to threads that kept it (docs/transport.md)")};
+    }();
+    return m;
+  }
+};
+
 std::uint64_t monotonicNs() {
   timespec ts{};
   ::clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -167,7 +191,8 @@ std::uint64_t& HostArena::stampOf(Flags& f, std::uint32_t Flags::*which) {
 
 void HostArena::publish(std::uint32_t Flags::*which, std::uint32_t value) {
   Flags& f = flags(rank_);
-  at(stampOf(f, which)).store(monotonicNs(), std::memory_order_relaxed);
+  // Only waiters that share cores read the stamp (ShareCoresWait); the same on every rank.
+  if (shareCores_) at(stampOf(f, which)).store(monotonicNs(), std::memory_order_relaxed);
   at(f.*which).store(value, std::memory_order_seq_cst);
   // Dekker with the sleeper: it counts itself in `waiters` and then checks the flag; we set
   // the flag and then check `waiters` (both seq_cst), so one of us sees the other.
@@ -246,10 +271,15 @@ Status HostArena::waitOne(int peer, std::uint32_t Flags::*which, std::uint32_t v
 }
 
 Status HostArena::waitAll(std::uint32_t Flags::*which, std::uint32_t value, TimePoint deadline, const char* what) {
+  ArenaMetrics& m = ArenaMetrics::get();
+  const TimePoint start = Clock::now();
   for (int p = 0; p < size(); ++p) {
     if (p == rank_) continue;
     MERIDIAN_RETURN_IF_ERROR(waitOne(p, which, value, deadline, what));
   }
+  (which == &Flags::arrived ? m.inputWait : m.reducedWait)
+      .observe(std::chrono::duration<double>(Clock::now() - start).count());
+  if (shareCores_) m.sleepFirst.set(shareCoresWait_.lateShare() > ShareCoresWait::kShareToSleep ? 1 : 0);
   return Status::ok();
 }
 
