@@ -1,11 +1,12 @@
-// libFuzzer target for the routing control decoders (routing/link_state.h rows and
-// routing/plan_codec.h announcements), which parse what peers send: whatever the bytes,
+// libFuzzer target for the control decoders (routing/link_state.h rows, routing/plan_codec.h
+// announcements and bootstrap/membership.h messages), which parse what peers send: whatever the bytes,
 // decoding returns a value or a clear error, never crashes or reads out of bounds, and a
 // value that decodes re-encodes to something that decodes to the same value.
 #include <cstddef>
 #include <cstdint>
 #include <span>
 
+#include "bootstrap/membership.h"
 #include "routing/link_state.h"
 #include "routing/plan_codec.h"
 
@@ -43,6 +44,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         (a.value().table && !samePlans(*a.value().table, *again.value().table))) {
       __builtin_trap();
     }
+  }
+  if (auto m = meridian::bootstrap::membership::decodeMessage(in); m.isOk()) {
+    auto again = meridian::bootstrap::membership::decodeMessage(meridian::bootstrap::membership::encodeMessage(m.value()));
+    if (!again.isOk() || !(again.value() == m.value())) __builtin_trap();
   }
   return 0;
 }
