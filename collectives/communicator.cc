@@ -376,6 +376,8 @@ Status Communicator::startRouting(bootstrap::Store& store, const std::string& ba
     MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t rowMs, readKnobInt(knobs::kLinkStateIntervalMs));
     MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t replanMs, readKnobInt(knobs::kReplanIntervalMs));
     rc.linkStateInterval = std::chrono::milliseconds(rowMs);
+    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t peerTimeoutMs, readKnobInt(knobs::kPeerTimeoutMs));
+    rc.peerTimeout = std::chrono::milliseconds(peerTimeoutMs);
     rc.replanInterval = std::chrono::milliseconds(replanMs);
     rc.chaosInterval = opts.chaosReplan;
     if (rc.chaosInterval.count() < 0) {
@@ -406,6 +408,8 @@ PlanInForce Communicator::plan() const { return planSync_ ? planSync_->inForce()
 routing::LinkStateTable Communicator::linkState() const {
   return control_ ? control_->table() : routing::LinkStateTable(size_);
 }
+
+std::vector<int> Communicator::lostPeers() const { return control_ ? control_->lostPeers() : std::vector<int>{}; }
 
 routing::RegionAssignment Communicator::regions() const {
   return control_ ? control_->regions() : routing::RegionAssignment{};

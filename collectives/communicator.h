@@ -139,6 +139,9 @@ class Communicator {
   // first plan or with static routing).
   PlanInForce plan() const;
   // Every rank's latest row of the link-state table (empty rows without routing).
+  // The peers this rank's failure detector declared lost (MERIDIAN_PEER_TIMEOUT_MS of
+  // silence, or a failed channel), in the order it did; empty for one rank.
+  std::vector<int> lostPeers() const;
   routing::LinkStateTable linkState() const;
   // Regions as routing sees them (named, or inferred from RTTs).
   routing::RegionAssignment regions() const;

@@ -29,6 +29,11 @@ Counter& relayChanges(int rank, const char* action) {
                                            {{"rank", std::to_string(rank)}, {"action", action}});
 }
 
+Counter& peersLost() {
+  return MetricsRegistry::global().counter("meridian_membership_peers_lost_total",
+                                           "Peers this rank declared lost (MERIDIAN_PEER_TIMEOUT_MS, or a failed channel)");
+}
+
 Gauge& relayVia(int rank, int peer) {
   return MetricsRegistry::global().gauge("meridian_routing_relay_via_rank",
                                          "The rank the relay path to a peer goes through (-1: none)",
@@ -53,6 +58,9 @@ RoutingControl::RoutingControl(int rank, int size, std::vector<transport::Channe
       options_(std::move(options)),
       io_(static_cast<std::size_t>(size)),
       nextRelayChange_(static_cast<std::size_t>(size)),
+      detector_(rank, size, options_.peerTimeout, Clock::now()),
+      receivedBefore_(static_cast<std::size_t>(size)),
+      echoesBefore_(static_cast<std::size_t>(size)),
       table_(size) {}
 
 RoutingControl::~RoutingControl() { stop(); }
@@ -111,6 +119,51 @@ void RoutingControl::fail(const Status& why) {
   if (sync_ != nullptr) sync_->fail(why);
 }
 
+std::vector<int> RoutingControl::lostPeers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return lost_;
+}
+
+void RoutingControl::noteChannelEnd(int peer, const Status& st) {
+  if (st.code() != StatusCode::kPeerError || detector_.gone(peer)) return;
+  if (channels_[static_cast<std::size_t>(peer)]->peerLeft()) {
+    MLOG_INFO(kRouting, "rank {} left: it closed its channel to rank {}", peer, rank_);
+    detector_.left(peer);
+  } else {
+    detector_.failed(peer, st.toString());
+  }
+}
+
+void RoutingControl::detectFailures(TimePoint now) {
+  if (now < nextFailureCheck_) return;
+  // A few checks per timeout; reading every channel's figures each 50 ms tick would cost more
+  // than it tells.
+  nextFailureCheck_ = now + std::min<Clock::duration>(options_.peerTimeout / 4, std::chrono::milliseconds(250));
+  std::vector<std::uint64_t> echoes(static_cast<std::size_t>(size_), 0);
+  if (monitor_ != nullptr) {
+    for (const routing::PathView& v : monitor_->paths()) {
+      if (v.peer >= 0 && v.peer < size_) echoes[static_cast<std::size_t>(v.peer)] += v.figures.received;
+    }
+  }
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_ || !channels_[static_cast<std::size_t>(p)] || detector_.gone(p)) continue;
+    const transport::ChannelPtr& ch = channels_[static_cast<std::size_t>(p)];
+    std::uint64_t received = 0;
+    for (const transport::PathStats& ps : ch->pathStats()) received += ps.bytesReceived;
+    const auto i = static_cast<std::size_t>(p);
+    if (received != receivedBefore_[i] || echoes[i] != echoesBefore_[i]) detector_.heard(p, now);
+    receivedBefore_[i] = received;
+    echoesBefore_[i] = echoes[i];
+    noteChannelEnd(p, ch->health());
+  }
+  for (const routing::FailureDetector::Lost& l : detector_.tick(now)) {
+    MLOG_WARN(kRouting, "rank {} declared rank {} lost: {}", rank_, l.peer, l.why);
+    peersLost().add();
+    std::lock_guard<std::mutex> lock(mu_);
+    lost_.push_back(l.peer);
+  }
+}
+
 Status RoutingControl::health() const {
   std::lock_guard<std::mutex> lock(mu_);
   return failure_;
@@ -134,8 +187,10 @@ void RoutingControl::tick(TimePoint now) {
     if (!io.recv->status().isOk()) {
       MLOG_DEBUG(kRouting, "link state from rank {} stopped: {}", p, io.recv->status().toString());
       io.failed = true;
+      noteChannelEnd(p, io.recv->status());
       continue;
     }
+    detector_.heard(p, now);  // a row is a heartbeat
     auto row = routing::decodeLinkRow(std::span<const std::uint8_t>(io.inbox.data(), io.recv->bytes()), size_);
     if (row.isOk() && row.value().rank == p) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -146,6 +201,7 @@ void RoutingControl::tick(TimePoint now) {
     }
     postRowReceive(p);
   }
+  detectFailures(now);
   // Our row, to everyone whose previous row has left.
   if (now >= nextRow_) {
     nextRow_ = now + options_.linkStateInterval;

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "collectives/plan_sync.h"
+#include "routing/failure_detector.h"
 #include "routing/link_state.h"
 #include "routing/path_monitor.h"
 #include "routing/regions.h"
@@ -52,6 +53,8 @@ inline constexpr auto kRelayHold = std::chrono::seconds(10);
 
 struct RoutingControlOptions {
   std::chrono::milliseconds linkStateInterval{1000};
+  // Failure detection (routing/failure_detector.h): a peer silent this long is declared lost.
+  std::chrono::milliseconds peerTimeout{5000};
   std::chrono::milliseconds replanInterval{5000};
   std::chrono::milliseconds chaosInterval{0};  // 0: no forced replans
   bool adaptive = true;
@@ -86,6 +89,8 @@ class RoutingControl {
   Status forceReplan(std::uint64_t seed);
   // ok while the control loop runs; the error that stopped it otherwise.
   Status health() const;
+  // The peers this rank declared lost (routing/failure_detector.h), in the order it did.
+  std::vector<int> lostPeers() const;
 
  private:
   void loop();
@@ -101,6 +106,8 @@ class RoutingControl {
   // congested and have the best measured rate (unmeasured counts as good).
   int relayPlane(const routing::LinkStateTable& table, int peer, int via, int planes) const;
   void postRowReceive(int peer);
+  void detectFailures(TimePoint now);
+  void noteChannelEnd(int peer, const Status& st);
 
   const int rank_;
   const int size_;
@@ -125,12 +132,19 @@ class RoutingControl {
   TimePoint nextChaos_{};
   std::uint64_t chaosSeed_ = 1;
   std::vector<TimePoint> nextRelayChange_;  // per peer
+  // Failure detection: signs of life seen at the last check, per peer (bytes received on the
+  // channel, probe echoes).
+  routing::FailureDetector detector_;
+  TimePoint nextFailureCheck_{};
+  std::vector<std::uint64_t> receivedBefore_;
+  std::vector<std::uint64_t> echoesBefore_;
 
   mutable std::mutex mu_;
   routing::LinkStateTable table_;
   std::condition_variable cv_;
   bool stopping_ = false;
   Status failure_;  // why the loop ended early; guarded by mu_
+  std::vector<int> lost_;  // guarded by mu_
   std::thread thread_;
 };
 

@@ -68,6 +68,10 @@
     "Bytes a peer may send ahead of matching receives before its channel fails.")                   \
   INT(kTimeoutMs, "MERIDIAN_TIMEOUT_MS", "120000", 1, INT32_MAX,                                    \
     "Deadline for bootstrap, connection set-up and blocking collectives, in milliseconds.")         \
+  INT(kPeerTimeoutMs, "MERIDIAN_PEER_TIMEOUT_MS", "5000", 100, 3600000,                             \
+    "A peer from which nothing was heard for this long (no probe echo, no link-state row, sent "    \
+    "every MERIDIAN_LINK_STATE_INTERVAL_MS, no byte on its channel) is declared lost, as is one "    \
+    "whose channel failed. 5 s: 20 round trips London-Singapore and 5 heartbeats.")                 \
   INT(kSmallAllreduceBytes, "MERIDIAN_SMALL_ALLREDUCE_BYTES", "65536", 0, INT64_C(1) << 40,         \
     "Allreduce messages up to this size use recursive doubling; larger ones use the ring.")         \
   INT(kRingSegmentBytes, "MERIDIAN_RING_SEGMENT_BYTES", "1048576", 1024, INT64_C(1) << 34,          \

@@ -83,6 +83,10 @@ class Channel {
   virtual void setPathWeights(std::span<const double> weights) = 0;
   // The channel's sticky error (ok while usable).
   virtual Status health() const = 0;
+  // The channel ended because the peer closed every path on purpose with nothing of ours
+  // outstanding (it finished first, or it is leaving the job): health() then holds the peer
+  // error, but the peer left rather than failed.
+  virtual bool peerLeft() const { return false; }
 };
 
 using ChannelPtr = std::shared_ptr<Channel>;

@@ -2,12 +2,16 @@
 // world size and store from MERIDIAN_* like any Meridian program, runs the collective
 // checks and exits 0 when all passed, 1 on a failed check, 2 when set-up failed, and
 // kExitStorePortTaken when rank 0 could not bind the store port (the test retries).
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -46,6 +50,55 @@ int main() {
     }
     std::fprintf(stderr, "rank %d: 1000 allreduces and rank %s never died\n", c.rank(), victim);
     return 1;
+  }
+  // MERIDIAN_TEST_LOSE_RANK=v:kill or v:stop: rank v kills itself (SIGKILL) or freezes
+  // (SIGSTOP: its sockets stay open and nothing answers) after a barrier, and no collective
+  // runs. Every other rank must declare it lost: a kill within 2 s (its channel fails), a
+  // freeze within MERIDIAN_PEER_TIMEOUT_MS + 3 s but not before half of it (silence, not
+  // an error). Rank 0 then ends the frozen rank with SIGKILL.
+  if (const char* lose = std::getenv("MERIDIAN_TEST_LOSE_RANK"); lose != nullptr) {
+    const std::string spec(lose);
+    const int victim = std::atoi(spec.c_str());
+    const bool freeze = spec.find(":stop") != std::string::npos;
+    const double timeoutSec = std::atof(std::getenv("MERIDIAN_PEER_TIMEOUT_MS") ? std::getenv("MERIDIAN_PEER_TIMEOUT_MS")
+                                                                                 : "5000") / 1e3;
+    std::int64_t mine = ::getpid();
+    std::vector<std::int64_t> pids(static_cast<std::size_t>(n));
+    if (Status st = c.allgather(&mine, pids.data(), 1, DataType::kI64); !st.isOk()) {
+      std::fprintf(stderr, "rank %d: allgather of pids: %s\n", c.rank(), st.toString().c_str());
+      return 1;
+    }
+    if (Status st = c.barrier(); !st.isOk()) return 1;
+    if (c.rank() == victim) std::raise(freeze ? SIGSTOP : SIGKILL);
+    const auto t0 = std::chrono::steady_clock::now();
+    const double limit = freeze ? timeoutSec + 3.0 : 2.0;
+    double sec = 0;
+    for (;;) {
+      sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const std::vector<int> lost = c.lostPeers();
+      if (std::find(lost.begin(), lost.end(), victim) != lost.end()) break;
+      if (sec > limit) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));  // a poll bounded by `limit`
+    }
+    const std::size_t lostNow = c.lostPeers().size();
+    std::fprintf(stderr, "rank %d: rank %d (%s) declared lost after %.3f s; lost: %zu\n", c.rank(), victim,
+                 freeze ? "frozen" : "killed", sec, lostNow);
+    // Every survivor stays until all have declared it (a file each in MERIDIAN_TEST_SYNC_DIR):
+    // one that ended early would be a second loss for the slower ones.
+    const std::string dir = std::getenv("MERIDIAN_TEST_SYNC_DIR") ? std::getenv("MERIDIAN_TEST_SYNC_DIR") : ".";
+    std::fclose(std::fopen(fmt::format("{}/detected.{}", dir, c.rank()).c_str(), "w"));
+    const auto syncDeadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (int r = 0; r < n && std::chrono::steady_clock::now() < syncDeadline;) {
+      if (r == victim || ::access(fmt::format("{}/detected.{}", dir, r).c_str(), F_OK) == 0) {
+        ++r;
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));  // a poll bounded by syncDeadline
+      }
+    }
+    if (freeze && c.rank() == (victim == 0 ? 1 : 0)) ::kill(static_cast<pid_t>(pids[static_cast<std::size_t>(victim)]), SIGKILL);
+    const bool ok = sec <= limit && (!freeze || sec >= timeoutSec / 2) && lostNow == 1;
+    std::fflush(stderr);
+    return ok ? 0 : 1;
   }
   std::vector<std::string> failures;
   auto check = [&](std::string result) {

@@ -567,6 +567,7 @@ void MultipathChannel::onPathFailed(std::size_t path, const Status& why, bool gr
         std::all_of(recvsByTag_.begin(), recvsByTag_.end(), [](const auto& entry) { return isBackgroundTag(entry.first); });
     Status st = peerError("every path to rank {} is gone (last: {})", peerRank_, why.message());
     if (!graceful || !idle) MLOG_ERROR(kTransport, "{}", st.message());
+    peerLeft_.store(graceful && idle, std::memory_order_release);
     fail(st);
   }
 }

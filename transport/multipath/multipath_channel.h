@@ -72,6 +72,7 @@ class MultipathChannel final : public Channel,
   std::vector<PathStats> pathStats() const override;
   void setPathWeights(std::span<const double> weights) override;
   Status health() const override;
+  bool peerLeft() const override { return peerLeft_.load(std::memory_order_acquire); }
 
   // ChannelEngine (progress thread; see engine.h).
   std::size_t pathCount() const override { return paths_.size(); }
@@ -139,6 +140,7 @@ class MultipathChannel final : public Channel,
   std::vector<PostedRecv> postedRecvs_;
   Status error_;
   std::atomic<bool> failed_{false};
+  std::atomic<bool> peerLeft_{false};  // the last path closed gracefully with nothing outstanding
   Status closing_;  // non-ok once the device refuses new posts
 
   // Progress-thread state: sending.
