@@ -411,6 +411,11 @@ routing::LinkStateTable Communicator::linkState() const {
 
 std::vector<int> Communicator::lostPeers() const { return control_ ? control_->lostPeers() : std::vector<int>{}; }
 
+bootstrap::membership::View Communicator::membership() const {
+  if (control_) return control_->membership();
+  return bootstrap::membership::View{0, {rank_}};
+}
+
 routing::RegionAssignment Communicator::regions() const {
   return control_ ? control_->regions() : routing::RegionAssignment{};
 }

@@ -38,6 +38,7 @@
 #include "collectives/host_arena.h"
 #include "collectives/plan_sync.h"
 #include "collectives/routing_control.h"
+#include "bootstrap/membership.h"
 #include "bootstrap/store.h"
 #include "collectives/work.h"
 #include "core/clock.h"
@@ -142,6 +143,9 @@ class Communicator {
   // The peers this rank's failure detector declared lost (MERIDIAN_PEER_TIMEOUT_MS of
   // silence, or a failed channel), in the order it did; empty for one rank.
   std::vector<int> lostPeers() const;
+  // The membership the survivors agreed on after losses (docs/elastic.md): epoch 0 and every
+  // rank until a loss was agreed. The communicator does not shrink to it yet.
+  bootstrap::membership::View membership() const;
   routing::LinkStateTable linkState() const;
   // Regions as routing sees them (named, or inferred from RTTs).
   routing::RegionAssignment regions() const;

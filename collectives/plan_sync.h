@@ -42,6 +42,7 @@ namespace meridian::collectives {
 inline constexpr std::uint64_t kControlTagBit = transport::kBackgroundTagBit;
 inline constexpr std::uint64_t kPlanTag = kControlTagBit | 1;
 inline constexpr std::uint64_t kLinkStateTag = kControlTagBit | 2;
+inline constexpr std::uint64_t kMembershipTag = kControlTagBit | 3;
 
 inline constexpr std::chrono::milliseconds kCheckpointSpacing{200};
 

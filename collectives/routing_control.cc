@@ -29,6 +29,32 @@ Counter& relayChanges(int rank, const char* action) {
                                            {{"rank", std::to_string(rank)}, {"action", action}});
 }
 
+namespace membership = bootstrap::membership;
+
+membership::View wholeJob(int size) {
+  membership::View v;
+  for (int r = 0; r < size; ++r) v.members.push_back(r);
+  return v;
+}
+
+// A proposer waits a quarter of the peer timeout for answers (a slow but live rank has
+// answered by then: it was heard within the timeout), and candidates take over at half of it.
+membership::Agent::Options agentOptions(std::chrono::milliseconds peerTimeout) {
+  membership::Agent::Options o;
+  o.phaseTimeout = std::max<Clock::duration>(peerTimeout / 4, std::chrono::milliseconds(100));
+  o.takeover = std::max<Clock::duration>(peerTimeout / 2, std::chrono::milliseconds(200));
+  return o;
+}
+
+Gauge& membershipEpoch() {
+  return MetricsRegistry::global().gauge("meridian_membership_epoch",
+                                         "The membership epoch the survivors agreed on (0: the job as it started)");
+}
+
+Gauge& membershipSize() {
+  return MetricsRegistry::global().gauge("meridian_membership_size", "Ranks in the agreed membership");
+}
+
 Counter& peersLost() {
   return MetricsRegistry::global().counter("meridian_membership_peers_lost_total",
                                            "Peers this rank declared lost (MERIDIAN_PEER_TIMEOUT_MS, or a failed channel)");
@@ -61,14 +87,21 @@ RoutingControl::RoutingControl(int rank, int size, std::vector<transport::Channe
       detector_(rank, size, options_.peerTimeout, Clock::now()),
       receivedBefore_(static_cast<std::size_t>(size)),
       echoesBefore_(static_cast<std::size_t>(size)),
-      table_(size) {}
+      agent_(rank, wholeJob(size), agentOptions(options_.peerTimeout)),
+      table_(size),
+      view_(wholeJob(size)) {}
 
 RoutingControl::~RoutingControl() { stop(); }
 
 void RoutingControl::start() {
   for (int p = 0; p < size_; ++p) {
-    if (p != rank_) postRowReceive(p);
+    if (p != rank_) {
+      postRowReceive(p);
+      postMembershipReceive(p);
+    }
   }
+  membershipEpoch().set(0);
+  membershipSize().set(size_);
   const TimePoint now = Clock::now();
   nextRow_ = now;
   nextReplan_ = now;
@@ -159,8 +192,67 @@ void RoutingControl::detectFailures(TimePoint now) {
   for (const routing::FailureDetector::Lost& l : detector_.tick(now)) {
     MLOG_WARN(kRouting, "rank {} declared rank {} lost: {}", rank_, l.peer, l.why);
     peersLost().add();
+    agent_.suspect(l.peer);
     std::lock_guard<std::mutex> lock(mu_);
     lost_.push_back(l.peer);
+  }
+}
+
+membership::View RoutingControl::membership() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return view_;
+}
+
+void RoutingControl::postMembershipReceive(int peer) {
+  PeerIo& io = io_[static_cast<std::size_t>(peer)];
+  // A message names at most every rank of the job.
+  if (io.memberInbox.empty()) io.memberInbox.resize(64 + 4 * static_cast<std::size_t>(size_));
+  auto req = channels_[static_cast<std::size_t>(peer)]->irecv(io.memberInbox.data(), io.memberInbox.size(), kMembershipTag);
+  io.memberRecv = req.isOk() ? std::move(req).value() : nullptr;
+}
+
+void RoutingControl::sendMembership(std::vector<membership::Outgoing> out) {
+  for (membership::Outgoing& o : out) {
+    if (o.to < 0 || o.to >= size_ || o.to == rank_ || !channels_[static_cast<std::size_t>(o.to)]) continue;
+    PeerIo& io = io_[static_cast<std::size_t>(o.to)];
+    std::vector<std::uint8_t> bytes = membership::encodeMessage(o.message);
+    auto req = channels_[static_cast<std::size_t>(o.to)]->isend(bytes.data(), bytes.size(), kMembershipTag);
+    if (req.isOk()) io.memberSends.emplace_back(std::move(bytes), std::move(req).value());
+  }
+}
+
+void RoutingControl::runMembership(TimePoint now) {
+  for (int p = 0; p < size_; ++p) {
+    PeerIo& io = io_[static_cast<std::size_t>(p)];
+    if (p == rank_) continue;
+    std::erase_if(io.memberSends, [](const auto& s) { return s.second->done(); });
+    if (!io.memberRecv || !io.memberRecv->done()) continue;
+    if (!io.memberRecv->status().isOk()) {
+      io.memberRecv = nullptr;  // the channel ended: the failure detector says what that means
+      continue;
+    }
+    auto m = membership::decodeMessage(std::span<const std::uint8_t>(io.memberInbox.data(), io.memberRecv->bytes()));
+    if (m.isOk() && m.value().from == p) {
+      sendMembership(agent_.onMessage(m.value(), now));
+    } else {
+      MLOG_WARN(kRouting, "rank {} sent a bad membership message: {}", p,
+                m.isOk() ? fmt::format("it claims to be rank {}", m.value().from) : m.status().toString());
+    }
+    postMembershipReceive(p);
+  }
+  sendMembership(agent_.onTick(now));
+  if (agent_.changes() != agentChanges_) {
+    agentChanges_ = agent_.changes();
+    const membership::View v = agent_.view();
+    if (agent_.evicted()) {
+      MLOG_WARN(kRouting, "rank {} is out of the job: the others agreed on {} without it", rank_, v.toString());
+    } else {
+      MLOG_INFO(kRouting, "membership {}: agreed by a majority of the previous view", v.toString());
+    }
+    membershipEpoch().set(static_cast<double>(v.epoch));
+    membershipSize().set(static_cast<double>(v.members.size()));
+    std::lock_guard<std::mutex> lock(mu_);
+    view_ = v;
   }
 }
 
@@ -202,6 +294,7 @@ void RoutingControl::tick(TimePoint now) {
     postRowReceive(p);
   }
   detectFailures(now);
+  runMembership(now);
   // Our row, to everyone whose previous row has left.
   if (now >= nextRow_) {
     nextRow_ = now + options_.linkStateInterval;

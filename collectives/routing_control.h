@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "bootstrap/membership.h"
 #include "collectives/plan_sync.h"
 #include "routing/failure_detector.h"
 #include "routing/link_state.h"
@@ -91,6 +92,9 @@ class RoutingControl {
   Status health() const;
   // The peers this rank declared lost (routing/failure_detector.h), in the order it did.
   std::vector<int> lostPeers() const;
+  // The membership the survivors agreed on (bootstrap/membership.h): epoch 0 is the job as
+  // it started; each loss that a majority of the previous view agreed on makes a new epoch.
+  bootstrap::membership::View membership() const;
 
  private:
   void loop();
@@ -108,6 +112,9 @@ class RoutingControl {
   void postRowReceive(int peer);
   void detectFailures(TimePoint now);
   void noteChannelEnd(int peer, const Status& st);
+  void runMembership(TimePoint now);
+  void sendMembership(std::vector<bootstrap::membership::Outgoing> out);
+  void postMembershipReceive(int peer);
 
   const int rank_;
   const int size_;
@@ -123,6 +130,10 @@ class RoutingControl {
     std::vector<std::uint8_t> outbox;
     transport::RequestPtr send;
     bool failed = false;
+    // Membership messages: one receive posted, sends kept until done.
+    std::vector<std::uint8_t> memberInbox;
+    transport::RequestPtr memberRecv;
+    std::vector<std::pair<std::vector<std::uint8_t>, transport::RequestPtr>> memberSends;
   };
   std::vector<PeerIo> io_;
   TimePoint nextRow_{};
@@ -138,6 +149,8 @@ class RoutingControl {
   TimePoint nextFailureCheck_{};
   std::vector<std::uint64_t> receivedBefore_;
   std::vector<std::uint64_t> echoesBefore_;
+  bootstrap::membership::Agent agent_;
+  std::uint64_t agentChanges_ = 0;
 
   mutable std::mutex mu_;
   routing::LinkStateTable table_;
@@ -145,6 +158,7 @@ class RoutingControl {
   bool stopping_ = false;
   Status failure_;  // why the loop ended early; guarded by mu_
   std::vector<int> lost_;  // guarded by mu_
+  bootstrap::membership::View view_;  // guarded by mu_
   std::thread thread_;
 };
 

@@ -192,9 +192,9 @@ void sayWhenDirectReadsAreUntested() {
   ::testing::Test::RecordProperty("direct_reads", why);
 }
 
-// With `victim` >= 0 that rank is expected to die by SIGKILL and the others to end cleanly
+// The ranks in `victims` are expected to die by SIGKILL and the others to end cleanly
 // after the error their logs show (kept with MERIDIAN_TEST_KEEP_LOGS=1, to read the figures).
-void runWorld(int worldSize, const std::vector<std::string>& extraEnv = {}, int victim = -1,
+void runWorld(int worldSize, const std::vector<std::string>& extraEnv = {}, std::vector<int> victims = {},
               std::vector<pid_t>* pids = nullptr) {
   if (worldSize > 1) sayWhenDirectReadsAreUntested();
   LaunchResult result;
@@ -209,13 +209,14 @@ void runWorld(int worldSize, const std::vector<std::string>& extraEnv = {}, int 
   for (std::size_t r = 0; r < result.ranks.size(); ++r) {
     const auto& p = result.ranks[r];
     if (pids != nullptr) pids->push_back(p.pid);
-    const int expected = static_cast<int>(r) == victim ? 128 + SIGKILL : 0;
+    const bool victim = std::find(victims.begin(), victims.end(), static_cast<int>(r)) != victims.end();
+    const int expected = victim ? 128 + SIGKILL : 0;
     EXPECT_EQ(p.exitCode, expected) << "rank " << r << " of " << worldSize << " exited with " << p.exitCode
                                     << "; log:\n"
                                     << readFile(p.logPath);
     // A normal end logs no errors (docs/errors.md): closing down is not a failure.
-    if (p.exitCode == expected && victim >= 0 && !std::getenv("MERIDIAN_TEST_KEEP_LOGS")) std::remove(p.logPath.c_str());
-    if (p.exitCode == 0 && victim < 0) {
+    if (p.exitCode == expected && !victims.empty() && !std::getenv("MERIDIAN_TEST_KEEP_LOGS")) std::remove(p.logPath.c_str());
+    if (p.exitCode == 0 && victims.empty()) {
       const std::string log = readFile(p.logPath);
       EXPECT_EQ(log.find("[error]"), std::string::npos) << "rank " << r << " logged an error on a clean run:\n" << log;
       std::remove(p.logPath.c_str());
@@ -236,7 +237,7 @@ TEST(CollectivesProcessTest, SixteenRanks) { runWorld(16, {"MERIDIAN_TEST_EXPECT
 // (not at their 60 s deadline), and no segment of the job is left in /dev/shm.
 TEST(CollectivesProcessTest, ARankKilledInAnAllreduceFailsTheOthersAndLeavesNoSegment) {
   std::vector<pid_t> pids;
-  runWorld(3, {"MERIDIAN_TEST_KILL_RANK=1", "MERIDIAN_TEST_EXPECT_SHM=1"}, 1, &pids);
+  runWorld(3, {"MERIDIAN_TEST_KILL_RANK=1", "MERIDIAN_TEST_EXPECT_SHM=1"}, {1}, &pids);
   ASSERT_EQ(pids.size(), 3u);
   // Other tests running beside this one may hold segments for a moment: only ours count.
   if (DIR* d = ::opendir("/dev/shm")) {
@@ -256,19 +257,26 @@ TEST(CollectivesProcessTest, ARankKilledInAnAllreduceFailsTheOthersAndLeavesNoSe
 // Failure detection (issue 28): a rank killed, then one frozen (SIGSTOP: sockets open, nothing
 // answers), with no collective running; every other rank declares it lost (worker_main.cc
 // says within what).
-void runLosingOne(const std::string& spec, int victim, const std::vector<std::string>& moreEnv = {}) {
+void runLosing(int worldSize, const std::string& spec, std::vector<int> victims, const std::vector<std::string>& moreEnv = {}) {
   char dirTemplate[] = "/tmp/meridian-lose-XXXXXX";
   ASSERT_NE(::mkdtemp(dirTemplate), nullptr);
   const std::string dir = dirTemplate;
   std::vector<std::string> env{"MERIDIAN_TEST_LOSE_RANK=" + spec, "MERIDIAN_TEST_SYNC_DIR=" + dir};
   env.insert(env.end(), moreEnv.begin(), moreEnv.end());
-  runWorld(4, env, victim);
-  for (int r = 0; r < 4; ++r) std::remove(fmt::format("{}/detected.{}", dir, r).c_str());
+  runWorld(worldSize, env, victims);
+  for (int r = 0; r < worldSize; ++r) std::remove(fmt::format("{}/detected.{}", dir, r).c_str());
   ::rmdir(dir.c_str());
 }
-TEST(CollectivesProcessTest, AKilledRankIsDeclaredLostByEveryOtherWithinTwoSeconds) { runLosingOne("2:kill", 2); }
-TEST(CollectivesProcessTest, AFrozenRankIsDeclaredLostByEveryOtherAfterThePeerTimeout) {
-  runLosingOne("1:stop", 1, {"MERIDIAN_PEER_TIMEOUT_MS=2000"});
+TEST(CollectivesProcessTest, AKilledRankIsDeclaredLostAndTheOthersAgreeOnTheMembershipWithoutIt) {
+  runLosing(4, "2:kill", {2});
+}
+TEST(CollectivesProcessTest, AFrozenRankIsDeclaredLostAfterThePeerTimeoutAndLeftOut) {
+  runLosing(4, "1:stop", {1}, {"MERIDIAN_PEER_TIMEOUT_MS=2000"});
+}
+// The coordinator of the membership change (the lowest rank) is the one that died, and with
+// 5 ranks two are lost at once, rank 0 among them: still one agreed change.
+TEST(CollectivesProcessTest, TheCoordinatorAndAnotherRankKilledAtOnceAreOneAgreedChange) {
+  runLosing(5, "0,3:kill", {0, 3});
 }
 
 // The same over the channels (TCP, same-host direct reads).

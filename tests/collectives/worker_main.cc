@@ -51,17 +51,25 @@ int main() {
     std::fprintf(stderr, "rank %d: 1000 allreduces and rank %s never died\n", c.rank(), victim);
     return 1;
   }
-  // MERIDIAN_TEST_LOSE_RANK=v:kill or v:stop: rank v kills itself (SIGKILL) or freezes
-  // (SIGSTOP: its sockets stay open and nothing answers) after a barrier, and no collective
-  // runs. Every other rank must declare it lost: a kill within 2 s (its channel fails), a
-  // freeze within MERIDIAN_PEER_TIMEOUT_MS + 3 s but not before half of it (silence, not
-  // an error). Rank 0 then ends the frozen rank with SIGKILL.
+  // MERIDIAN_TEST_LOSE_RANK=v[,w...]:kill or :stop: those ranks kill themselves (SIGKILL) or
+  // freeze (SIGSTOP: sockets open, nothing answers) after a barrier, and no collective runs.
+  // Every other rank must declare each of them lost (a kill within 2 s: its channel fails; a
+  // freeze within MERIDIAN_PEER_TIMEOUT_MS + 3 s but not before half of it: silence, not an
+  // error), and then all survivors must agree on the membership without them, at epoch 1,
+  // within 10 s more. The lowest survivor then ends frozen ranks with SIGKILL.
   if (const char* lose = std::getenv("MERIDIAN_TEST_LOSE_RANK"); lose != nullptr) {
     const std::string spec(lose);
-    const int victim = std::atoi(spec.c_str());
+    std::vector<int> victims;
+    for (std::size_t at = 0; at < spec.size() && spec[at] != ':';) {
+      victims.push_back(std::atoi(spec.c_str() + at));
+      at = spec.find_first_of(",:", at);
+      if (at == std::string::npos || spec[at] == ':') break;
+      ++at;
+    }
     const bool freeze = spec.find(":stop") != std::string::npos;
-    const double timeoutSec = std::atof(std::getenv("MERIDIAN_PEER_TIMEOUT_MS") ? std::getenv("MERIDIAN_PEER_TIMEOUT_MS")
-                                                                                 : "5000") / 1e3;
+    const bool isVictim = std::find(victims.begin(), victims.end(), c.rank()) != victims.end();
+    const char* timeoutEnv = std::getenv("MERIDIAN_PEER_TIMEOUT_MS");
+    const double timeoutSec = std::atof(timeoutEnv != nullptr ? timeoutEnv : "5000") / 1e3;
     std::int64_t mine = ::getpid();
     std::vector<std::int64_t> pids(static_cast<std::size_t>(n));
     if (Status st = c.allgather(&mine, pids.data(), 1, DataType::kI64); !st.isOk()) {
@@ -69,34 +77,46 @@ int main() {
       return 1;
     }
     if (Status st = c.barrier(); !st.isOk()) return 1;
-    if (c.rank() == victim) std::raise(freeze ? SIGSTOP : SIGKILL);
-    const auto t0 = std::chrono::steady_clock::now();
-    const double limit = freeze ? timeoutSec + 3.0 : 2.0;
-    double sec = 0;
-    for (;;) {
-      sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const std::vector<int> lost = c.lostPeers();
-      if (std::find(lost.begin(), lost.end(), victim) != lost.end()) break;
-      if (sec > limit) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));  // a poll bounded by `limit`
+    if (isVictim) std::raise(freeze ? SIGSTOP : SIGKILL);
+    std::vector<int> survivors;
+    for (int r = 0; r < n; ++r) {
+      if (std::find(victims.begin(), victims.end(), r) == victims.end()) survivors.push_back(r);
     }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+    const double limit = freeze ? timeoutSec + 3.0 : 2.0;
+    auto allLost = [&] {
+      const std::vector<int> lost = c.lostPeers();
+      return std::all_of(victims.begin(), victims.end(),
+                         [&](int v) { return std::find(lost.begin(), lost.end(), v) != lost.end(); });
+    };
+    while (!allLost() && since() <= limit) std::this_thread::sleep_for(std::chrono::milliseconds(10));  // bounded poll
+    const double detected = since();
     const std::size_t lostNow = c.lostPeers().size();
-    std::fprintf(stderr, "rank %d: rank %d (%s) declared lost after %.3f s; lost: %zu\n", c.rank(), victim,
-                 freeze ? "frozen" : "killed", sec, lostNow);
-    // Every survivor stays until all have declared it (a file each in MERIDIAN_TEST_SYNC_DIR):
-    // one that ended early would be a second loss for the slower ones.
+    while (c.membership().members != survivors && since() <= limit + 10.0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));  // a poll bounded by the limit
+    }
+    const double agreed = since();
+    const auto view = c.membership();
+    std::fprintf(stderr, "rank %d: %zu rank(s) (%s) declared lost after %.3f s; membership %s after %.3f s\n", c.rank(),
+                 victims.size(), freeze ? "frozen" : "killed", detected, view.toString().c_str(), agreed);
+    // Every survivor stays until all have agreed (a file each in MERIDIAN_TEST_SYNC_DIR): one
+    // that ended early would be a loss for the slower ones.
     const std::string dir = std::getenv("MERIDIAN_TEST_SYNC_DIR") ? std::getenv("MERIDIAN_TEST_SYNC_DIR") : ".";
     std::fclose(std::fopen(fmt::format("{}/detected.{}", dir, c.rank()).c_str(), "w"));
     const auto syncDeadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    for (int r = 0; r < n && std::chrono::steady_clock::now() < syncDeadline;) {
-      if (r == victim || ::access(fmt::format("{}/detected.{}", dir, r).c_str(), F_OK) == 0) {
-        ++r;
+    for (std::size_t i = 0; i < survivors.size() && std::chrono::steady_clock::now() < syncDeadline;) {
+      if (::access(fmt::format("{}/detected.{}", dir, survivors[i]).c_str(), F_OK) == 0) {
+        ++i;
       } else {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));  // a poll bounded by syncDeadline
       }
     }
-    if (freeze && c.rank() == (victim == 0 ? 1 : 0)) ::kill(static_cast<pid_t>(pids[static_cast<std::size_t>(victim)]), SIGKILL);
-    const bool ok = sec <= limit && (!freeze || sec >= timeoutSec / 2) && lostNow == 1;
+    if (freeze && c.rank() == survivors.front()) {
+      for (int v : victims) ::kill(static_cast<pid_t>(pids[static_cast<std::size_t>(v)]), SIGKILL);
+    }
+    const bool ok = detected <= limit && (!freeze || detected >= timeoutSec / 2) && lostNow == victims.size() &&
+                    view.epoch == 1 && view.members == survivors;
     std::fflush(stderr);
     return ok ? 0 : 1;
   }
