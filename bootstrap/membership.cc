@@ -35,8 +35,6 @@ const char* messageTypeName(MessageType type) {
 
 namespace {
 
-constexpr std::size_t kHeaderBytes = 52;
-static_assert(kMaxMessageBytes >= kHeaderBytes + 4 * static_cast<std::size_t>(kMaxRanks));
 
 class Writer {
  public:
@@ -84,8 +82,8 @@ std::vector<std::uint8_t> encodeMessage(const Message& m) {
 }
 
 Result<Message> decodeMessage(std::span<const std::uint8_t> bytes) {
-  if (bytes.size() < kHeaderBytes || bytes.size() > kMaxMessageBytes) {
-    return invalidArgument("membership message of {} bytes (expected {} to {})", bytes.size(), kHeaderBytes,
+  if (bytes.size() < kMessageHeaderBytes || bytes.size() > kMaxMessageBytes) {
+    return invalidArgument("membership message of {} bytes (expected {} to {})", bytes.size(), kMessageHeaderBytes,
                            kMaxMessageBytes);
   }
   Reader r(bytes);
@@ -118,7 +116,7 @@ Result<Message> decodeMessage(std::span<const std::uint8_t> bytes) {
   }
   m.view.epoch = r.get<std::uint64_t>();
   const auto count = r.get<std::uint32_t>();
-  if (count > static_cast<std::uint32_t>(kMaxRanks) || bytes.size() != kHeaderBytes + 4 * std::size_t{count}) {
+  if (count > static_cast<std::uint32_t>(kMaxRanks) || bytes.size() != messageBytes(count)) {
     return invalidArgument("membership message: {} members in {} bytes", count, bytes.size());
   }
   m.view.members.reserve(count);
@@ -275,7 +273,7 @@ std::vector<Outgoing> Agent::maybeAdvance(TimePoint now, bool deadlinePassed) {
   return {};
 }
 
-std::vector<Outgoing> Agent::install(const View& next) {
+void Agent::install(const View& next) {
   view_ = next;
   ++changes_;
   evicted_ = !view_.contains(self_);
@@ -287,7 +285,6 @@ std::vector<Outgoing> Agent::install(const View& next) {
   pendingSince_.reset();
   for (auto it = suspects_.begin(); it != suspects_.end();) it = view_.contains(*it) ? std::next(it) : suspects_.erase(it);
   for (auto it = joiners_.begin(); it != joiners_.end();) it = view_.contains(*it) ? joiners_.erase(it) : std::next(it);
-  return {};
 }
 
 std::vector<Outgoing> Agent::onMessage(const Message& m, TimePoint now) {

@@ -92,7 +92,10 @@ struct Outgoing {
 // Bounds: members at most kMaxRanks, every rank in [0, kMaxRanks), members sorted and unique.
 std::vector<std::uint8_t> encodeMessage(const Message& m);
 Result<Message> decodeMessage(std::span<const std::uint8_t> bytes);
-inline constexpr std::size_t kMaxMessageBytes = 64 + 4 * static_cast<std::size_t>(kMaxRanks);
+inline constexpr std::size_t kMessageHeaderBytes = 52;
+// A message naming `ranks` members (a receive buffer for a job of that many ranks).
+constexpr std::size_t messageBytes(std::size_t ranks) { return kMessageHeaderBytes + 4 * ranks; }
+inline constexpr std::size_t kMaxMessageBytes = messageBytes(kMaxRanks);
 
 class Agent {
  public:
@@ -127,7 +130,7 @@ class Agent {
   enum class Phase { kIdle, kPreparing, kAccepting };
   std::vector<Outgoing> startProposal(TimePoint now);
   std::vector<Outgoing> maybeAdvance(TimePoint now, bool deadlinePassed);
-  std::vector<Outgoing> install(const View& next);
+  void install(const View& next);
   std::vector<int> candidates() const;  // members not suspected, sorted
   Message make(MessageType type) const;
 

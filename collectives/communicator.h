@@ -139,13 +139,13 @@ class Communicator {
   // The collective plan in force (epoch 0 and no table: the built-in choice, before the
   // first plan or with static routing).
   PlanInForce plan() const;
-  // Every rank's latest row of the link-state table (empty rows without routing).
   // The peers this rank's failure detector declared lost (MERIDIAN_PEER_TIMEOUT_MS of
   // silence, or a failed channel), in the order it did; empty for one rank.
   std::vector<int> lostPeers() const;
   // The membership the survivors agreed on after losses (docs/elastic.md): epoch 0 and every
   // rank until a loss was agreed. The communicator does not shrink to it yet.
   bootstrap::membership::View membership() const;
+  // Every rank's latest row of the link-state table (empty rows without routing).
   routing::LinkStateTable linkState() const;
   // Regions as routing sees them (named, or inferred from RTTs).
   routing::RegionAssignment regions() const;

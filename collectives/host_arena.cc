@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <optional>
 
 #include "core/log.h"
 #include "core/metrics.h"
@@ -50,6 +51,13 @@ constexpr std::size_t kFlagsOffset = 256;
 static_assert(sizeof(SegmentHeader) <= kFlagsOffset);
 constexpr int kSpinRounds = 4000;        // ~10-40 us of pause before sleeping
 constexpr int kYieldRounds = 200;        // ranks outnumber cores: yield instead, then sleep
+constexpr long kSleepSliceNs = 1'000'000;  // a sleeper looks at the deadline and the peer this often
+
+template <typename T>
+std::atomic_ref<T> at(T& word) {
+  return std::atomic_ref<T>(word);
+}
+
 // The arena's figures, one set per process (every communicator's arena adds to them).
 struct ArenaMetrics {
   Histogram& inputWait;
@@ -60,7 +68,7 @@ struct ArenaMetrics {
       auto& reg = MetricsRegistry::global();
       auto wait = [&](const char* phase) -> Histogram& {
         return reg.histogram("meridian_collectives_shm_wait_seconds",
-                             "Time a rank waited for every peer's flag in a shared-memory window: 'input' for "
+                             "Waits for every peer's flag in a shared-memory window that found a peer not there yet: 'input' for "
                              "their inputs (skew between ranks), 'reduced' for their slices",
                              {{"phase", phase}}, exponentialBuckets(1e-6, 4, 12));
       };
@@ -73,16 +81,10 @@ struct ArenaMetrics {
   }
 };
 
-std::uint64_t monotonicNs() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<std::uint64_t>(ts.tv_nsec);
-}
-constexpr long kSleepSliceNs = 1'000'000;  // a sleeper looks at the deadline and the peer this often
-
-template <typename T>
-std::atomic_ref<T> at(T& word) {
-  return std::atomic_ref<T>(word);
+// A publish stamp: the steady clock (CLOCK_MONOTONIC, one clock for every process of the host).
+std::uint64_t stampNow() {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());
 }
 
 // Op numbers wrap: "reached" is a signed distance, as TCP's sequence numbers.
@@ -192,7 +194,7 @@ std::uint64_t& HostArena::stampOf(Flags& f, std::uint32_t Flags::*which) {
 void HostArena::publish(std::uint32_t Flags::*which, std::uint32_t value) {
   Flags& f = flags(rank_);
   // Only waiters that share cores read the stamp (ShareCoresWait); the same on every rank.
-  if (shareCores_) at(stampOf(f, which)).store(monotonicNs(), std::memory_order_relaxed);
+  if (shareCores_) at(stampOf(f, which)).store(stampNow(), std::memory_order_relaxed);
   at(f.*which).store(value, std::memory_order_seq_cst);
   // Dekker with the sleeper: it counts itself in `waiters` and then checks the flag; we set
   // the flag and then check `waiters` (both seq_cst), so one of us sees the other.
@@ -234,7 +236,7 @@ Status HostArena::waitOne(int peer, std::uint32_t Flags::*which, std::uint32_t v
       if (reached(at(word).load(std::memory_order_acquire), value)) {
         if (i > 0) {
           // A stamp past `now`: the peer published again meanwhile; it was not late.
-          const std::uint64_t stamp = at(stampOf(f, which)).load(std::memory_order_relaxed), now = monotonicNs();
+          const std::uint64_t stamp = at(stampOf(f, which)).load(std::memory_order_relaxed), now = stampNow();
           shareCoresWait_.saw(now > stamp ? now - stamp : 0);
         }
         return Status::ok();
@@ -271,15 +273,24 @@ Status HostArena::waitOne(int peer, std::uint32_t Flags::*which, std::uint32_t v
 }
 
 Status HostArena::waitAll(std::uint32_t Flags::*which, std::uint32_t value, TimePoint deadline, const char* what) {
-  ArenaMetrics& m = ArenaMetrics::get();
-  const TimePoint start = Clock::now();
+  // The clock and the metrics only for a wait that found a peer not there yet: an allreduce
+  // of a few bytes takes a fraction of a microsecond, and nothing was waited for then.
+  std::optional<TimePoint> start;
   for (int p = 0; p < size(); ++p) {
     if (p == rank_) continue;
+    if (!start && !reached(at(flags(p).*which).load(std::memory_order_acquire), value)) start = Clock::now();
     MERIDIAN_RETURN_IF_ERROR(waitOne(p, which, value, deadline, what));
   }
-  (which == &Flags::arrived ? m.inputWait : m.reducedWait)
-      .observe(std::chrono::duration<double>(Clock::now() - start).count());
-  if (shareCores_) m.sleepFirst.set(shareCoresWait_.lateShare() > ShareCoresWait::kShareToSleep ? 1 : 0);
+  if (start) {
+    ArenaMetrics& m = ArenaMetrics::get();
+    (which == &Flags::arrived ? m.inputWait : m.reducedWait)
+        .observe(std::chrono::duration<double>(Clock::now() - *start).count());
+    const bool sleeping = shareCoresWait_.lateShare() > ShareCoresWait::kShareToSleep;
+    if (shareCores_ && sleeping != sleepFirstShown_) {
+      sleepFirstShown_ = sleeping;
+      m.sleepFirst.set(sleeping ? 1 : 0);
+    }
+  }
   return Status::ok();
 }
 

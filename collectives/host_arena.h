@@ -131,6 +131,7 @@ class HostArena {
   std::uint32_t op_ = 0;              // the number of the last op (window) run
   bool shareCores_ = false;           // more ranks than cores: waiters yield, not spin
   ShareCoresWait shareCoresWait_;
+  bool sleepFirstShown_ = false;  // what meridian_collectives_shm_sleep_first says for this rank
   Status broken_;
 };
 

@@ -206,7 +206,7 @@ membership::View RoutingControl::membership() const {
 void RoutingControl::postMembershipReceive(int peer) {
   PeerIo& io = io_[static_cast<std::size_t>(peer)];
   // A message names at most every rank of the job.
-  if (io.memberInbox.empty()) io.memberInbox.resize(64 + 4 * static_cast<std::size_t>(size_));
+  if (io.memberInbox.empty()) io.memberInbox.resize(membership::messageBytes(static_cast<std::size_t>(size_)));
   auto req = channels_[static_cast<std::size_t>(peer)]->irecv(io.memberInbox.data(), io.memberInbox.size(), kMembershipTag);
   io.memberRecv = req.isOk() ? std::move(req).value() : nullptr;
 }
@@ -227,8 +227,12 @@ void RoutingControl::runMembership(TimePoint now) {
     if (p == rank_) continue;
     std::erase_if(io.memberSends, [](const auto& s) { return s.second->done(); });
     if (!io.memberRecv || !io.memberRecv->done()) continue;
-    if (!io.memberRecv->status().isOk()) {
-      io.memberRecv = nullptr;  // the channel ended: the failure detector says what that means
+    if (const Status& st = io.memberRecv->status(); !st.isOk()) {
+      io.memberRecv = nullptr;
+      if (st.code() == StatusCode::kInvalidArgument) {  // larger than any message of this job
+        MLOG_WARN(kRouting, "rank {} sent a bad membership message: {}", p, st.toString());
+        postMembershipReceive(p);
+      }  // otherwise the channel ended: the failure detector says what that means
       continue;
     }
     auto m = membership::decodeMessage(std::span<const std::uint8_t>(io.memberInbox.data(), io.memberRecv->bytes()));

@@ -42,7 +42,6 @@ class FailureDetector {
 
   bool lost(int peer) const { return peers_[static_cast<std::size_t>(peer)].lost; }
   int lostCount() const;
-  std::chrono::milliseconds timeout() const { return timeout_; }
 
  private:
   struct Peer {

@@ -31,7 +31,6 @@ struct PathTelemetry {
   std::uint64_t unitsResent = 0;     // of those, sent again (with unitsSent: the loss share)
 };
 
-// Per-path figures a channel exposes (bytes and chunks moved, measured rate).
 // What a path runs over. Probes reach TCP paths only (they share the planes' addresses);
 // routing judges the other kinds by their measured rates alone.
 enum class PathKind : std::uint8_t {
@@ -41,6 +40,7 @@ enum class PathKind : std::uint8_t {
 };
 constexpr bool probesReach(PathKind kind) { return kind == PathKind::kTcp; }
 
+// Per-path figures a channel exposes (bytes and chunks moved, measured rate).
 struct PathStats {
   std::string localAddress;
   std::string remoteAddress;
