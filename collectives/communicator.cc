@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <array>
 #include <cstring>
 #include <functional>
@@ -111,6 +112,8 @@ struct Communicator::Metrics {
 struct Communicator::Owned {
   std::unique_ptr<bootstrap::StoreServer> server;
   std::unique_ptr<bootstrap::Store> store;
+  // A successor keeps its predecessor's: the job's first store stays up while its host does.
+  std::unique_ptr<Owned> previous;
 };
 
 // ---- Set-up -------------------------------------------------------------------------
@@ -125,8 +128,19 @@ Communicator::Communicator(int rank, int worldSize, const CommOptions& resolved)
 
 Result<std::unique_ptr<Communicator>> Communicator::create(bootstrap::Store& store, int rank, int worldSize,
                                                            const CommOptions& options) {
+  return build(store, rank, worldSize, options, Lineage{});
+}
+
+Result<std::unique_ptr<Communicator>> Communicator::build(bootstrap::Store& store, int rank, int worldSize,
+                                                          const CommOptions& options, Lineage lineage) {
   if (worldSize < 1 || rank < 0 || rank >= worldSize) {
     return invalidArgument("rank {} / world size {} out of range", rank, worldSize);
+  }
+  if (lineage.jobRanks.empty()) {
+    for (int r = 0; r < worldSize; ++r) lineage.jobRanks.push_back(r);
+  }
+  if (lineage.jobRanks.size() != static_cast<std::size_t>(worldSize)) {
+    return internalError("a successor of {} ranks names {} job ranks", worldSize, lineage.jobRanks.size());
   }
   CommOptions opts = options;
   if (opts.localAddresses.empty()) opts.localAddresses = splitCommaList(knobString(knobs::kPaths));
@@ -146,11 +160,17 @@ Result<std::unique_ptr<Communicator>> Communicator::create(bootstrap::Store& sto
   if (opts.secret.empty()) {
     MERIDIAN_ASSIGN_OR_RETURN(opts.secret, readJobSecret(worldSize));
   }
-  log::setRank(rank);
+  MERIDIAN_ASSIGN_OR_RETURN(const std::string elastic, readKnobChoice(knobs::kElastic, opts.elastic));
+  opts.elastic = elastic;
+  log::setRank(lineage.jobRanks[static_cast<std::size_t>(rank)]);
   transport::setWaitersShareCores(localRanksOutnumberCores());
   const TimePoint deadline = Clock::now() + opts.timeout;
 
   std::unique_ptr<Communicator> comm(new Communicator(rank, worldSize, opts));
+  comm->options_ = opts;
+  comm->elastic_ = elastic == "on";
+  comm->jobRanks_ = std::move(lineage.jobRanks);
+  comm->epoch_ = lineage.epoch;
 
   MERIDIAN_ASSIGN_OR_RETURN(const std::string routingMode, readKnobChoice(knobs::kRouting, opts.routing));
   comm->adaptive_ = routingMode == "adaptive";
@@ -236,7 +256,8 @@ Result<std::unique_ptr<Communicator>> Communicator::create(bootstrap::Store& sto
 
   MERIDIAN_RETURN_IF_ERROR(comm->startRouting(store, base, opts, deadline));
   comm->worker_ = std::thread([c = comm.get()] { c->workerLoop(); });
-  MLOG_INFO(kCollectives, "communicator up: rank {} of {}, session {:016x}, {} paths {}", rank, worldSize,
+  MLOG_INFO(kCollectives, "communicator up: rank {} of {}{}, session {:016x}, {} paths {}", rank, worldSize,
+            comm->epoch_ > 0 ? fmt::format(" (membership epoch {})", comm->epoch_) : std::string(),
             comm->sessionId_, transport::deviceKindName(comm->device_->kind()),
             comm->device_->describe(comm->device_->endpoint()));
   return comm;
@@ -297,7 +318,10 @@ double busBandwidthFactor(Communicator::OpKind op, int ranks) {
   }
 }
 
-bootstrap::Store* Communicator::store() const { return owned_ ? owned_->store.get() : nullptr; }
+bootstrap::Store* Communicator::store() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return owned_ ? owned_->store.get() : nullptr;
+}
 
 Communicator::~Communicator() {
   std::deque<Op> abandoned;
@@ -308,6 +332,8 @@ Communicator::~Communicator() {
   }
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
+  // A recovery under way ends by its deadline (it waits on the other survivors).
+  if (recoveryThread_.joinable()) recoveryThread_.join();
   for (auto& op : abandoned) {
     op.work->complete(commError("communicator destroyed before op {} ran", op.work->sequence()));
   }
@@ -378,6 +404,7 @@ Status Communicator::startRouting(bootstrap::Store& store, const std::string& ba
     rc.linkStateInterval = std::chrono::milliseconds(rowMs);
     MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t peerTimeoutMs, readKnobInt(knobs::kPeerTimeoutMs));
     rc.peerTimeout = std::chrono::milliseconds(peerTimeoutMs);
+    peerTimeout_ = rc.peerTimeout;
     rc.replanInterval = std::chrono::milliseconds(replanMs);
     rc.chaosInterval = opts.chaosReplan;
     if (rc.chaosInterval.count() < 0) {
@@ -386,6 +413,8 @@ Status Communicator::startRouting(bootstrap::Store& store, const std::string& ba
     }
     rc.adaptive = adaptive_;
     rc.regionNames = regionNames_;
+    rc.startEpoch = epoch_;
+    rc.onView = [this](const bootstrap::membership::View& v, bool evicted) { onView(v, evicted); };
     if (relay_) {
       rc.openRelay = [this](int peer, int via, int plane) {
         transport::RelaySpec spec{sessionId_, rank_, peer, via, peerEndpoints_[static_cast<std::size_t>(via)], plane};
@@ -470,7 +499,10 @@ std::vector<transport::PathStats> Communicator::peerPathStats(int peer) const {
   return ch ? ch->pathStats() : std::vector<transport::PathStats>{};
 }
 
-void Communicator::abortTransport(const Status& why) {
+void Communicator::stopTransport() {
+  std::lock_guard<std::mutex> once(transportMu_);
+  if (transportStopped_) return;
+  transportStopped_ = true;
   // Peers waiting on this rank in shared memory fail now, not at their deadline.
   if (shm_) shm_->abort();
   if (control_) control_->stop();  // it reads the monitor and sends on the channels
@@ -482,10 +514,12 @@ void Communicator::abortTransport(const Status& why) {
     }
   }  // joined here, outside mu_
   device_.reset();  // joins the progress thread: nothing touches a buffer after this
-  {
-    std::lock_guard<std::mutex> lock(mu_);  // peerPathStats() reads channels_ from other threads
-    channels_.assign(channels_.size(), nullptr);
-  }
+  std::lock_guard<std::mutex> lock(mu_);  // peerPathStats() and execute() read channels_ from other threads
+  channels_.assign(channels_.size(), nullptr);
+}
+
+void Communicator::abortTransport(const Status& why) {
+  stopTransport();
   for (auto& req : opRequests_.takeUnfinished()) req->complete(why, 0);
   for (auto& req : deferred_) req->complete(why, 0);  // ignored by the finished ones
   deferred_.clear();
@@ -498,14 +532,20 @@ Status Communicator::health() const { return brokenStatus(); }
 Status Communicator::brokenStatus() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (broken_.isOk()) return Status::ok();
+  if (broken_.code() == StatusCode::kCommError) return broken_;  // says what happened already
   return commError("communicator broken: {}", broken_.toString());
 }
 
-void Communicator::markBroken(const Status& reason) {
+void Communicator::markBroken(const Status& reason, bool replace) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (broken_.isOk()) {
+  if (broken_.isOk() || replace) {
     broken_ = reason;
-    MLOG_ERROR(kCollectives, "rank {}: communicator broken: {}", rank_, reason.toString());
+    // An elastic communicator's failures are expected: its recovery says what came of them.
+    if (elastic_ || replace) {
+      MLOG_WARN(kCollectives, "rank {}: {}", rank_, reason.toString());
+    } else {
+      MLOG_ERROR(kCollectives, "rank {}: communicator broken: {}", rank_, reason.toString());
+    }
   }
 }
 
@@ -587,7 +627,10 @@ void Communicator::execute(Op& op) {
     AlgoContext ctx;
     ctx.rank = rank_;
     ctx.size = size_;
-    ctx.channels = channels_;
+    {
+      std::lock_guard<std::mutex> lock(mu_);  // a recovery may clear them meanwhile
+      ctx.channels = channels_;
+    }
     ctx.dtype = op.dtype;
     ctx.elemBytes = kernels::dataTypeSize(op.dtype);
     ctx.tagBase = op.collSeq * kPhasesPerOp;
@@ -610,6 +653,9 @@ void Communicator::execute(Op& op) {
     }
     if (!st.isOk() && st.code() != StatusCode::kInvalidArgument) {
       markBroken(st);
+      // Elastic: the channels to the survivors carry the agreement and the successor's
+      // rendezvous, so they stay up until the successor is built.
+      if (elastic_ && awaitRecovery()) st = brokenStatus();
       abortTransport(commError("communicator broken: {}", st.toString()));
     } else if (!isCollective(op.kind)) {
       for (auto& req : opRequests_.takeUnfinished()) deferred_.push_back(std::move(req));
@@ -628,6 +674,158 @@ void Communicator::execute(Op& op) {
     metrics_->errors[k]->add();
   }
   op.work->complete(std::move(st));
+}
+
+// ---- Elastic recovery (docs/elastic.md) ---------------------------------------------
+
+namespace {
+
+// The successor's store address as its host sends it: "a.b.c.d:port".
+constexpr std::size_t kMaxStoreAddressBytes = 64;
+
+std::string membersOf(const std::vector<int>& jobRanks, const std::vector<int>& members) {
+  std::string out;
+  for (int m : members) {
+    if (!out.empty()) out += ',';
+    out += std::to_string(m >= 0 && static_cast<std::size_t>(m) < jobRanks.size() ? jobRanks[static_cast<std::size_t>(m)] : m);
+  }
+  return out;
+}
+
+}  // namespace
+
+void Communicator::onView(const bootstrap::membership::View& view, bool evicted) {
+  if (!elastic_) return;  // the control thread logged it; the next failure breaks us for good
+  std::lock_guard<std::mutex> lock(mu_);
+  // One successor per communicator: later views are the successor's business.
+  if (stopping_ || recovery_ != Recovery::kNone) return;
+  recovery_ = Recovery::kRunning;
+  recoveryThread_ = std::thread([this, view, evicted] { recover(view, evicted); });
+}
+
+void Communicator::recover(bootstrap::membership::View view, bool evicted) {
+  pthread_setname_np(pthread_self(), "mer-recover");
+  if (control_) control_->quiesce();
+  std::vector<int> lost;
+  for (int r = 0; r < size_; ++r) {
+    if (!view.contains(r)) lost.push_back(r);
+  }
+  const std::string jobView = fmt::format("epoch {} {{{}}}", view.epoch, membersOf(jobRanks_, view.members));
+  Result<std::unique_ptr<Communicator>> next = internalError("no successor");
+  if (evicted) {
+    next = commError("this rank is out of the job: the others agreed on membership {} without it", jobView);
+    markBroken(next.status(), /*replace=*/true);
+  } else {
+    // From here every new op fails at once: the collective sequence ends on the old view.
+    markBroken(commError("aborted: membership {} (job ranks), without rank(s) {}", jobView, membersOf(jobRanks_, lost)),
+               /*replace=*/true);
+    const TimePoint start = Clock::now();
+    next = buildSuccessor(view, start + options_.timeout);
+    if (next.isOk()) {
+      MLOG_INFO(kCollectives, "successor communicator up: membership {}, this rank {} of {} ({:.0f} ms)", jobView,
+                next.value()->rank(), next.value()->size(),
+                std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+    } else {
+      MLOG_ERROR(kCollectives, "rank {}: no successor for membership {}: {}", jobRanks_[static_cast<std::size_t>(rank_)],
+                 jobView, next.status().toString());
+    }
+  }
+  // Every survivor is in the successor's set-up by now (it finished only once all were),
+  // so this communicator's channels have said all they had to.
+  stopTransport();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (next.isOk()) {
+    successor_ = std::move(next).value();
+    successor_->owned_->previous = std::move(owned_);  // buildSuccessor gave it one
+    recovery_ = Recovery::kDone;
+  } else {
+    recoveryError_ = next.status();
+    recovery_ = Recovery::kFailed;
+  }
+  cv_.notify_all();
+}
+
+Result<std::unique_ptr<Communicator>> Communicator::buildSuccessor(const bootstrap::membership::View& view,
+                                                                   TimePoint deadline) {
+  const auto at = std::find(view.members.begin(), view.members.end(), rank_);
+  if (at == view.members.end()) return internalError("membership {} without rank {}", view.toString(), rank_);
+  const int newRank = static_cast<int>(at - view.members.begin());
+  const int newSize = static_cast<int>(view.members.size());
+  Lineage lineage{view.epoch, {}};
+  for (int m : view.members) lineage.jobRanks.push_back(jobRanks_[static_cast<std::size_t>(m)]);
+  auto owned = std::make_unique<Owned>();
+  const int host = view.members.front();
+  if (newSize == 1) {
+    owned->store = std::make_unique<bootstrap::StoreState>();
+  } else if (host == rank_) {
+    // The first member hosts the successor's store on its first path and tells the others
+    // where, over the channels the agreement ran on (they proved the job secret).
+    const std::vector<std::string> ips = bootstrap::withoutPorts(options_.localAddresses);
+    MERIDIAN_ASSIGN_OR_RETURN(owned->server, bootstrap::StoreServer::start(ips.front(), 0, options_.secret));
+    const std::string address = fmt::format("{}:{}", ips.front(), owned->server->port());
+    std::vector<transport::RequestPtr> sends;
+    for (int m : view.members) {
+      if (m == rank_) continue;
+      MERIDIAN_ASSIGN_OR_RETURN(transport::RequestPtr req,
+                                channels_[static_cast<std::size_t>(m)]->isend(address.data(), address.size(), kSuccessorTag));
+      sends.push_back(std::move(req));
+    }
+    for (auto& req : sends) MERIDIAN_RETURN_IF_ERROR(req->wait(deadline));
+    MERIDIAN_ASSIGN_OR_RETURN(owned->store, bootstrap::TcpStore::connect(address, options_.secret, deadline));
+  } else {
+    std::array<char, kMaxStoreAddressBytes> buf{};
+    MERIDIAN_ASSIGN_OR_RETURN(transport::RequestPtr req,
+                              channels_[static_cast<std::size_t>(host)]->irecv(buf.data(), buf.size(), kSuccessorTag));
+    MERIDIAN_RETURN_IF_ERROR(req->wait(deadline).withContext(
+        fmt::format("the successor's store address from rank {}", jobRanks_[static_cast<std::size_t>(host)])));
+    const std::string address(buf.data(), req->bytes());
+    const auto colon = address.rfind(':');
+    const bool wellFormed = colon != std::string::npos && colon > 0 && colon + 1 < address.size() &&
+                            std::all_of(address.begin(), address.end(),
+                                        [](char c) { return std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == ':'; });
+    if (!wellFormed) return peerError("rank {} sent a malformed store address for the successor", host);
+    MERIDIAN_ASSIGN_OR_RETURN(owned->store, bootstrap::TcpStore::connect(address, options_.secret, deadline));
+  }
+  CommOptions opts = options_;
+  opts.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  if (opts.timeout.count() <= 0) return timeoutError("no time left to build the successor");
+  MERIDIAN_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> next,
+                            build(*owned->store, newRank, newSize, opts, std::move(lineage)));
+  next->options_.timeout = options_.timeout;
+  next->timeout_ = options_.timeout;
+  next->owned_ = std::move(owned);
+  return next;
+}
+
+bool Communicator::awaitRecovery() {
+  // The agreement needs a loss declared (at most a peer timeout) and a few phases of at most
+  // half a timeout each; with nothing started by then, there is no membership change coming.
+  const TimePoint giveUp = Clock::now() + 3 * peerTimeout_ + std::chrono::seconds(1);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_until(lock, giveUp, [&] { return recovery_ != Recovery::kNone; })) {
+    recovery_ = Recovery::kFailed;
+    recoveryError_ = commError("communicator broken: {} (no membership change followed)", broken_.toString());
+    cv_.notify_all();
+    return false;
+  }
+  cv_.wait(lock, [&] { return recovery_ == Recovery::kDone || recovery_ == Recovery::kFailed; });
+  return recovery_ == Recovery::kDone;
+}
+
+Result<std::unique_ptr<Communicator>> Communicator::successor(TimePoint deadline) {
+  if (!elastic_) return invalidArgument("no successor: this communicator is not elastic (MERIDIAN_ELASTIC=off)");
+  std::unique_lock<std::mutex> lock(mu_);
+  const bool ended = cv_.wait_until(lock, deadline, [&] {
+    return recovery_ == Recovery::kDone || recovery_ == Recovery::kFailed;
+  });
+  if (!ended) {
+    if (!broken_.isOk()) return timeoutError("no successor yet: {}", broken_.toString());
+    return timeoutError("no successor: the membership did not change");
+  }
+  if (recovery_ == Recovery::kFailed) return recoveryError_;
+  if (successorTaken_) return invalidArgument("the successor was already taken");
+  successorTaken_ = true;
+  return std::move(successor_);
 }
 
 }  // namespace meridian::collectives

@@ -15,8 +15,8 @@
 // transport). Any failure after an op started talking to peers (peer error, timeout,
 // ranks disagreeing about an op) marks the communicator broken: later ops fail at once
 // with kCommError carrying the original reason, and the communicator stops its transport
-// at once (pending requests fail, peers see the failure, no buffer is touched after the
-// failed op returned). Argument errors (kInvalidArgument) are found before anything is
+// (pending requests fail, peers see the failure, no buffer is touched after the failed op
+// returned): at once, or, when elastic, once the survivors built the successor (below). Argument errors (kInvalidArgument) are found before anything is
 // sent and leave the communicator usable (a collective rejected on some ranks only still
 // fails on the others, by timeout).
 #pragma once
@@ -71,6 +71,7 @@ struct CommOptions {
   std::string algo;                            // allreduce algorithm; empty: MERIDIAN_ALGO
   std::string shm;                             // "auto" or "off"; empty: MERIDIAN_SHM
   std::string region;                          // empty: MERIDIAN_REGION (may stay empty)
+  std::string elastic;                         // "on" or "off"; empty: MERIDIAN_ELASTIC
   // Plan checkpoints at most this many collectives apart (0: 1024); 1 makes every
   // collective a checkpoint (tests of plan switching).
   std::size_t planCheckpointOps = 0;
@@ -145,6 +146,22 @@ class Communicator {
   // The membership the survivors agreed on after losses (docs/elastic.md): epoch 0 and every
   // rank until a loss was agreed. The communicator does not shrink to it yet.
   bootstrap::membership::View membership() const;
+
+  // Elastic communicators (MERIDIAN_ELASTIC=on; docs/elastic.md). Once the survivors of a
+  // lost rank agree on a membership without it, every survivor (in an op or not) builds the
+  // successor over them: its ranks are the members in order, its set-up goes through a store
+  // the first member hosts, and it starts at the agreed epoch. Then this communicator stops:
+  // the op in flight, and every op after it, fails with kCommError "aborted: membership epoch
+  // N ...", and no buffer is touched after that (an output of the aborted op holds
+  // unspecified bytes; some survivors may have finished that op before others aborted it).
+  // The caller takes the successor and goes on with it.
+  bool elastic() const { return elastic_; }
+  // Each rank's rank in the job as it started (identity for one made by create()).
+  const std::vector<int>& jobRanks() const { return jobRanks_; }
+  // Waits until `deadline` for the successor and hands it over (once). An error says why
+  // there is none: not elastic, this rank was left out, or the communicator broke for
+  // another reason or while building it; kTimeout while it is still healthy.
+  Result<std::unique_ptr<Communicator>> successor(TimePoint deadline);
   // Every rank's latest row of the link-state table (empty rows without routing).
   routing::LinkStateTable linkState() const;
   // Regions as routing sees them (named, or inferred from RTTs).
@@ -205,7 +222,14 @@ class Communicator {
     std::shared_ptr<Work> work;
   };
   struct Metrics;
-  struct Owned;  // store / server kept alive for createFromEnvironment
+  struct Owned;  // store / server kept alive for createFromEnvironment and successors
+  // Where a successor comes from: the epoch of its view, and the job rank of each member.
+  struct Lineage {
+    std::uint64_t epoch = 0;
+    std::vector<int> jobRanks;  // empty: identity
+  };
+  static Result<std::unique_ptr<Communicator>> build(bootstrap::Store& store, int rank, int worldSize,
+                                                     const CommOptions& options, Lineage lineage);
 
   Communicator(int rank, int worldSize, const CommOptions& resolved);
 
@@ -215,10 +239,22 @@ class Communicator {
   Status runSync(OpKind kind, DataType dtype, std::size_t bytes, Body body, Status invalid);
   void execute(Op& op);
   void workerLoop();
-  void markBroken(const Status& reason);
+  // Records why the communicator broke (the first reason, unless `replace`).
+  void markBroken(const Status& reason, bool replace = false);
   // After a failed op: stops the transport (no request touches a buffer any more, and the
   // peers see the failure at once) and completes every request still pending with `why`.
+  // Op thread (or the destructor).
   void abortTransport(const Status& why);
+  // The first half of that, from any thread, once.
+  void stopTransport();
+  // Elastic: the control thread agreed on `view` (this rank in it unless `evicted`).
+  void onView(const bootstrap::membership::View& view, bool evicted);
+  // The recovery thread: builds the successor over `view`, then stops this communicator.
+  void recover(bootstrap::membership::View view, bool evicted);
+  Result<std::unique_ptr<Communicator>> buildSuccessor(const bootstrap::membership::View& view, TimePoint deadline);
+  // The op thread after a failure, when elastic: waits for the recovery to end (or, with no
+  // membership change in sight, a bounded time); true when a successor was built.
+  bool awaitRecovery();
   Status brokenStatus() const;
   // Starts the path monitor (probes, congestion, weights) and learns every rank's region.
   Status startRouting(bootstrap::Store& store, const std::string& base, const CommOptions& opts, TimePoint deadline);
@@ -242,6 +278,11 @@ class Communicator {
 
   const int rank_;
   const int size_;
+  CommOptions options_;  // as resolved by create(), for a successor
+  bool elastic_ = false;
+  std::vector<int> jobRanks_;
+  std::uint64_t epoch_ = 0;
+  std::chrono::milliseconds peerTimeout_{5000};
   std::string metricsName_;  // device and prober label: CommOptions::name + rank
   std::uint64_t sessionId_ = 0;
   std::chrono::milliseconds timeout_;
@@ -286,6 +327,15 @@ class Communicator {
   std::uint64_t nextCollSeq_ = 0;  // collectives only (same on every rank)
   Status broken_;                  // sticky, guarded by mu_
   std::thread worker_;
+  // Elastic recovery, guarded by mu_ (cv_ announces its end).
+  enum class Recovery : std::uint8_t { kNone, kRunning, kDone, kFailed };
+  Recovery recovery_ = Recovery::kNone;
+  std::unique_ptr<Communicator> successor_;
+  bool successorTaken_ = false;
+  Status recoveryError_;
+  std::thread recoveryThread_;
+  std::mutex transportMu_;  // stopTransport() runs once
+  bool transportStopped_ = false;
 };
 
 // busbw = algbw * factor (nccl-tests): 2(n-1)/n allreduce, (n-1)/n reduce-scatter and

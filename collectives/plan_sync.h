@@ -43,6 +43,9 @@ inline constexpr std::uint64_t kControlTagBit = transport::kBackgroundTagBit;
 inline constexpr std::uint64_t kPlanTag = kControlTagBit | 1;
 inline constexpr std::uint64_t kLinkStateTag = kControlTagBit | 2;
 inline constexpr std::uint64_t kMembershipTag = kControlTagBit | 3;
+// The rendezvous of a successor communicator (docs/elastic.md): its first member sends the
+// others the address of the store it hosts for the set-up.
+inline constexpr std::uint64_t kSuccessorTag = kControlTagBit | 4;
 
 inline constexpr std::chrono::milliseconds kCheckpointSpacing{200};
 

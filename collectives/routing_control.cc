@@ -31,8 +31,9 @@ Counter& relayChanges(int rank, const char* action) {
 
 namespace membership = bootstrap::membership;
 
-membership::View wholeJob(int size) {
+membership::View wholeJob(int size, std::uint64_t epoch) {
   membership::View v;
+  v.epoch = epoch;
   for (int r = 0; r < size; ++r) v.members.push_back(r);
   return v;
 }
@@ -87,9 +88,9 @@ RoutingControl::RoutingControl(int rank, int size, std::vector<transport::Channe
       detector_(rank, size, options_.peerTimeout, Clock::now()),
       receivedBefore_(static_cast<std::size_t>(size)),
       echoesBefore_(static_cast<std::size_t>(size)),
-      agent_(rank, wholeJob(size), agentOptions(options_.peerTimeout)),
+      agent_(rank, wholeJob(size, options_.startEpoch), agentOptions(options_.peerTimeout)),
       table_(size),
-      view_(wholeJob(size)) {}
+      view_(wholeJob(size, options_.startEpoch)) {}
 
 RoutingControl::~RoutingControl() { stop(); }
 
@@ -100,7 +101,7 @@ void RoutingControl::start() {
       postMembershipReceive(p);
     }
   }
-  membershipEpoch().set(0);
+  membershipEpoch().set(static_cast<double>(options_.startEpoch));
   membershipSize().set(size_);
   const TimePoint now = Clock::now();
   nextRow_ = now;
@@ -168,26 +169,39 @@ void RoutingControl::noteChannelEnd(int peer, const Status& st) {
 }
 
 void RoutingControl::detectFailures(TimePoint now) {
-  if (now < nextFailureCheck_) return;
-  // A few checks per timeout; reading every channel's figures each 50 ms tick would cost more
-  // than it tells.
-  nextFailureCheck_ = now + std::min<Clock::duration>(options_.peerTimeout / 4, std::chrono::milliseconds(250));
-  std::vector<std::uint64_t> echoes(static_cast<std::size_t>(size_), 0);
-  if (monitor_ != nullptr) {
-    for (const routing::PathView& v : monitor_->paths()) {
-      if (v.peer >= 0 && v.peer < size_) echoes[static_cast<std::size_t>(v.peer)] += v.figures.received;
+  if (quiesced_.load(std::memory_order_relaxed)) return;
+  // A failed channel is news at once (every 50 ms tick: its health is one read). Signs of
+  // life are counted a few times per timeout: reading every channel's figures each tick
+  // would cost more than it tells.
+  bool ended = false;
+  for (int p = 0; p < size_; ++p) {
+    const transport::ChannelPtr& ch = channels_[static_cast<std::size_t>(p)];
+    if (p == rank_ || !ch || detector_.gone(p)) continue;
+    if (const Status st = ch->health(); st.code() == StatusCode::kPeerError) {
+      noteChannelEnd(p, st);
+      ended = true;
     }
   }
-  for (int p = 0; p < size_; ++p) {
-    if (p == rank_ || !channels_[static_cast<std::size_t>(p)] || detector_.gone(p)) continue;
-    const transport::ChannelPtr& ch = channels_[static_cast<std::size_t>(p)];
-    std::uint64_t received = 0;
-    for (const transport::PathStats& ps : ch->pathStats()) received += ps.bytesReceived;
-    const auto i = static_cast<std::size_t>(p);
-    if (received != receivedBefore_[i] || echoes[i] != echoesBefore_[i]) detector_.heard(p, now);
-    receivedBefore_[i] = received;
-    echoesBefore_[i] = echoes[i];
-    noteChannelEnd(p, ch->health());
+  if (now < nextFailureCheck_ && !ended) return;
+  if (now >= nextFailureCheck_) {
+    nextFailureCheck_ = now + std::min<Clock::duration>(options_.peerTimeout / 4, std::chrono::milliseconds(250));
+    std::vector<std::uint64_t> echoes(static_cast<std::size_t>(size_), 0);
+    if (monitor_ != nullptr) {
+      for (const routing::PathView& v : monitor_->paths()) {
+        if (v.peer >= 0 && v.peer < size_) echoes[static_cast<std::size_t>(v.peer)] += v.figures.received;
+      }
+    }
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_ || !channels_[static_cast<std::size_t>(p)] || detector_.gone(p)) continue;
+      std::uint64_t received = 0;
+      for (const transport::PathStats& ps : channels_[static_cast<std::size_t>(p)]->pathStats()) {
+        received += ps.bytesReceived;
+      }
+      const auto i = static_cast<std::size_t>(p);
+      if (received != receivedBefore_[i] || echoes[i] != echoesBefore_[i]) detector_.heard(p, now);
+      receivedBefore_[i] = received;
+      echoesBefore_[i] = echoes[i];
+    }
   }
   for (const routing::FailureDetector::Lost& l : detector_.tick(now)) {
     MLOG_WARN(kRouting, "rank {} declared rank {} lost: {}", rank_, l.peer, l.why);
@@ -222,6 +236,7 @@ void RoutingControl::sendMembership(std::vector<membership::Outgoing> out) {
 }
 
 void RoutingControl::runMembership(TimePoint now) {
+  if (quiesced_.load(std::memory_order_relaxed)) return;
   for (int p = 0; p < size_; ++p) {
     PeerIo& io = io_[static_cast<std::size_t>(p)];
     if (p == rank_) continue;
@@ -255,8 +270,11 @@ void RoutingControl::runMembership(TimePoint now) {
     }
     membershipEpoch().set(static_cast<double>(v.epoch));
     membershipSize().set(static_cast<double>(v.members.size()));
-    std::lock_guard<std::mutex> lock(mu_);
-    view_ = v;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      view_ = v;
+    }
+    if (options_.onView) options_.onView(v, agent_.evicted());
   }
 }
 

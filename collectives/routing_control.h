@@ -68,6 +68,11 @@ struct RoutingControlOptions {
   // Rank 0's planner: the plan table for a network view (empty: routing::planAll). Tests
   // inject one that fails.
   std::function<routing::PlanTable(const routing::NetworkView&)> planner;
+  // Membership: the epoch this communicator starts at (a successor's, docs/elastic.md), and
+  // what to call on the control thread when a new view is agreed (`evicted`: without this
+  // rank). It must not stop this object (hand the work to another thread).
+  std::uint64_t startEpoch = 0;
+  std::function<void(const bootstrap::membership::View& view, bool evicted)> onView;
 };
 
 class RoutingControl {
@@ -95,6 +100,9 @@ class RoutingControl {
   // The membership the survivors agreed on (bootstrap/membership.h): epoch 0 is the job as
   // it started; each loss that a majority of the previous view agreed on makes a new epoch.
   bootstrap::membership::View membership() const;
+  // Stops failure detection and the agreement (the rest runs on): once a successor is being
+  // built, what happens to this communicator's channels is no news.
+  void quiesce() { quiesced_.store(true, std::memory_order_relaxed); }
 
  private:
   void loop();
@@ -151,6 +159,7 @@ class RoutingControl {
   std::vector<std::uint64_t> echoesBefore_;
   bootstrap::membership::Agent agent_;
   std::uint64_t agentChanges_ = 0;
+  std::atomic<bool> quiesced_{false};
 
   mutable std::mutex mu_;
   routing::LinkStateTable table_;

@@ -72,6 +72,11 @@
     "A peer from which nothing was heard for this long (no probe echo, no link-state row, sent "    \
     "every MERIDIAN_LINK_STATE_INTERVAL_MS, no byte on its channel) is declared lost, as is one "    \
     "whose channel failed. 5 s: 20 round trips London-Singapore and 5 heartbeats.")                 \
+  CHOICE(kElastic, "MERIDIAN_ELASTIC", "off", "on|off",                                             \
+    "on: once the survivors of a lost rank agree on the new membership, a communicator builds its " \
+    "successor over them, and its ops fail with `aborted: membership epoch N` until the caller "    \
+    "takes it (Communicator::successor, docs/elastic.md); off: a lost rank breaks it for good. "    \
+    "meridian-train turns it on unless --elastic off.")                                             \
   INT(kSmallAllreduceBytes, "MERIDIAN_SMALL_ALLREDUCE_BYTES", "65536", 0, INT64_C(1) << 40,         \
     "Allreduce messages up to this size use recursive doubling; larger ones use the ring.")         \
   INT(kRingSegmentBytes, "MERIDIAN_RING_SEGMENT_BYTES", "1048576", 1024, INT64_C(1) << 34,          \

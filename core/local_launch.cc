@@ -224,6 +224,8 @@ Result<int> launchLocalRanks(const LocalLaunchOptions& options) {
   }
   ownListener.fd.reset();  // a socket rank 0 now holds: nothing was accepted on it here
   int worst = 0;
+  int lostRanks = 0;     // elastic: ranks that failed while the others went on
+  int elasticWorst = 0;  // and the worst of their codes
   bool terminating = false;
   auto firstFailure = std::chrono::steady_clock::time_point::max();
   std::size_t openOutputs = outputs.size();
@@ -261,6 +263,12 @@ Result<int> launchLocalRanks(const LocalLaunchOptions& options) {
       int rank = children[pid];
       children.erase(pid);
       int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      if (code != 0 && options.elastic) {
+        MLOG_WARN(kCore, "rank {} exited with status {}; the others go on without it (elastic)", rank, code);
+        ++lostRanks;
+        elasticWorst = std::max(elasticWorst, code);
+        continue;
+      }
       if (code != 0) {
         if (!terminating) MLOG_ERROR(kCore, "rank {} exited with status {}", rank, code);
         if (firstFailure == std::chrono::steady_clock::time_point::max()) {
@@ -281,6 +289,10 @@ Result<int> launchLocalRanks(const LocalLaunchOptions& options) {
       }
     }
     if (openOutputs == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // Elastic: the job survived when the ranks that ended well are a majority of the job.
+  if (options.elastic && lostRanks > 0 && (worst != 0 || 2 * lostRanks >= options.ranks)) {
+    return std::max(worst, elasticWorst);
   }
   return worst;
 }

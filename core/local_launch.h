@@ -43,6 +43,10 @@ struct LocalLaunchOptions {
   // caches and fall out of step with each other. A rank whose binding fails says so and
   // runs unbound.
   bool bindCpus = false;
+  // The job goes on without a rank that failed (an elastic job): the others are not stopped,
+  // and the launch succeeds when a majority of the ranks exited 0 (the survivors that
+  // agreed on the membership); the failed ranks are said once each.
+  bool elastic = false;
 };
 
 // The CPUs this process may run on (sched_getaffinity), ascending; at least one.

@@ -163,6 +163,8 @@ class OuterSync {
   // Averages (anchor - params) over the communicator, steps the anchor with Nesterov
   // momentum and copies it into the params. The inner optimizer's state is left alone.
   Status sync();
+  // Averages over `comm` from now on (a successor communicator after a membership change).
+  void rebind(SyncComm* comm) { comm_ = comm; }
   // Backend memory, paramCount elements each (checkpointed).
   float* anchor() { return anchor_; }
   float* velocity() { return velocity_; }

@@ -57,6 +57,7 @@ struct Args {
   int blasThreads = 1;
   std::string computeNice = "auto";
   std::string bind = "cpus";
+  std::string elastic = "on";
 };
 
 std::string human(double bytes) {
@@ -76,6 +77,10 @@ void printSummary(const TrainConfig& cfg, const TrainSummary& s, const std::stri
              toString(cfg.sync), s.worldSize,
              s.regionCount > 0 ? fmt::format("{} regions", s.regionCount) : std::string("regions unknown"), backend);
   fmt::print("  wall time          {:.1f} s, {:.0f} samples/s\n", s.wallSec, s.samplesPerSec);
+  if (s.membershipChanges > 0) {
+    fmt::print("  membership         {} -> {} ranks in {} change(s); {:.2f} s recovering (this rank), no sample skipped\n",
+               s.startWorldSize, s.worldSize, s.membershipChanges, s.recoverySec);
+  }
   fmt::print("  step time          compute {:.1f} ms, exposed communication {:.1f} ms ({:.0f}% of the step)\n",
              s.steps > 0 ? 1e3 * s.computeSec / static_cast<double>(s.steps) : 0,
              s.steps > 0 ? 1e3 * s.exposedCommSec / static_cast<double>(s.steps) : 0, 100 * commShare);
@@ -115,7 +120,10 @@ void writeJson(const std::string& path, const TrainConfig& cfg, const TrainSumma
                    {"wire", toString(cfg.wire)},
                    {"inner_steps", cfg.innerSteps},
                    {"batch", cfg.globalBatch},
-                   {"compute_nice", s.computeNice}};
+                   {"compute_nice", s.computeNice},
+                   {"start_ranks", s.startWorldSize},
+                   {"membership_changes", s.membershipChanges},
+                   {"recovery_s", s.recoverySec}};
   std::ofstream out(path);
   out << j.dump(2) << "\n";
   if (!out) std::fprintf(stderr, "meridian-train: could not write %s\n", path.c_str());
@@ -140,6 +148,7 @@ int runRank(const TrainConfig& given, const Args& a, SyncComm* external, const R
   }
   TrainContext ctx;
   ctx.backend = backend.get();
+  ctx.commOptions.elastic = a.elastic;
   ctx.external = external;
   bootstrap::LaunchInfo launch;
   if (external != nullptr) {
@@ -182,7 +191,7 @@ int runRank(const TrainConfig& given, const Args& a, SyncComm* external, const R
     std::fprintf(stderr, "meridian-train rank %d: %s\n", launch.rank, result.status().toString().c_str());
     return result.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
   }
-  if (launch.rank == 0) {
+  if (result->rank == 0) {  // rank 0 of the membership at the end (job rank 0 may be gone)
     printSummary(cfg, *result, backend->describe());
     if (!a.jsonPath.empty()) writeJson(a.jsonPath, cfg, *result, backend->describe());
   }
@@ -250,6 +259,10 @@ int trainCli(int argc, char** argv, SyncComm* external, const RankHook& onJoined
                  "--ranks: cpus binds each rank to its own share of the CPUs this process may use (as mpirun "
                  "--bind-to core; taskset/numactl the launcher to pick them), none leaves placement to the scheduler")
       ->check(CLI::IsMember({"cpus", "none"}));
+  app.add_option("--elastic", a.elastic,
+                 "on: training goes on when ranks are lost (the survivors agree on the membership, take a successor "
+                 "communicator and redo the step that was cut; docs/elastic.md); off: a lost rank stops the run")
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_flag("--quiet", cfg.quiet, "No progress lines");
   try {
     app.parse(argc, argv);
@@ -289,6 +302,7 @@ int trainCli(int argc, char** argv, SyncComm* external, const RankHook& onJoined
       lo.ranks = a.ranks;
       lo.argv = relaunchArgv(argc, argv, {"--ranks", "-N", "--regions", "--bind"});
       lo.bindCpus = a.bind == "cpus";
+      lo.elastic = a.elastic == "on";
       std::vector<std::string> regions;
       if (!a.regions.empty()) {
         regions = splitCommaList(a.regions);

@@ -31,6 +31,22 @@ using Clock = std::chrono::steady_clock;
 
 double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// How long a survivor waits for the successor communicator (the agreement takes at most a
+// few peer timeouts; its set-up, one connection round per pair).
+constexpr auto kSuccessorWait = std::chrono::minutes(2);
+
+Counter& membershipChanges() {
+  return MetricsRegistry::global().counter("meridian_trainer_membership_changes_total",
+                                           "Membership changes the training went on through (ranks lost)");
+}
+
+Histogram& recoverySeconds() {
+  return MetricsRegistry::global().histogram(
+      "meridian_trainer_recovery_seconds",
+      "Time from a collective cut by a lost rank to the survivors' agreed state on the successor",
+      {}, exponentialBuckets(0.01, 2, 14));
+}
+
 // Fashion-MNIST's pixel mean and standard deviation (training set, pixels scaled to [0, 1]).
 constexpr float kPixelMean = 0.2860f;
 constexpr float kPixelStd = 0.3530f;
@@ -160,7 +176,7 @@ nlohmann::json identity(const TrainConfig& cfg, int rank, int world) {
 
 class Run {
  public:
-  Run(const TrainConfig& cfg, const TrainContext& ctx) : cfg_(cfg), ctx_(ctx), backend_(*ctx.backend) {
+  Run(const TrainConfig& cfg, const TrainContext& ctx) : cfg_(cfg), ctx_(ctx), backend_(*ctx.backend), comm_(ctx.comm) {
     if (ctx.comm != nullptr) {
       worldSync_ = std::make_unique<MeridianSyncComm>(*ctx.comm);
       sync_ = worldSync_.get();
@@ -170,6 +186,11 @@ class Run {
     rank_ = sync_ != nullptr ? sync_->rank() : 0;
     world_ = sync_ != nullptr ? sync_->size() : 1;
   }
+  ~Run() {
+    for (float* p : kept_) backend_.free(p);
+  }
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
   Result<TrainSummary> go();
 
  private:
@@ -207,7 +228,31 @@ class Run {
   // This rank's transport bytes to every peer, and to peers in other regions.
   std::pair<std::uint64_t, std::uint64_t> transportBytes() const;
   bool innerOnly() const { return cfg_.sync == SyncMode::kDiloco || cfg_.sync == SyncMode::kNone; }
-  int localBatch() const { return cfg_.globalBatch / world_; }
+  // This rank's rows of a global batch: [G r / n, G (r + 1) / n) (G / n each while n divides G).
+  int batchBegin() const {
+    return static_cast<int>(static_cast<std::int64_t>(cfg_.globalBatch) * rank_ / world_);
+  }
+  int localBatch() const {
+    return static_cast<int>(static_cast<std::int64_t>(cfg_.globalBatch) * (rank_ + 1) / world_) - batchBegin();
+  }
+  // Survives lost ranks: the world communicator is elastic (hybrid is not yet).
+  bool elastic() const { return comm_ != nullptr && comm_->elastic() && cfg_.sync != SyncMode::kHybrid; }
+  // After a collective failed with `failure` (elastic): takes the successor communicator,
+  // binds the sync to it, and brings every survivor to the state of the one furthest ahead,
+  // `done` being the whole steps this rank holds. Returns the step every survivor now holds;
+  // the failure itself when there is no successor.
+  // `since`: when the work that was cut began (what the change cost is counted from there).
+  Result<std::int64_t> recover(const Status& failure, std::int64_t done, Clock::time_point since);
+  // The survivors' state from `source` (params, optimizer, outer state), checked by digest.
+  Status adoptState(int source);
+  // Elastic DDP: what the optimizer is about to overwrite in [begin, end) is kept until the
+  // step is whole (the buckets are still stepped as they arrive, overlapping the wire), and
+  // put back when a lost rank cut the step.
+  void keepRange(std::size_t begin, std::size_t end);
+  void restoreRanges();
+  // Runs `op` (a collective step of its own, e.g. an evaluation), again on the successor
+  // after a membership change; `done` as for recover.
+  Status elasticRun(const std::function<Status()>& op, std::int64_t done);
   void log(const std::string& line) const {
     if (rank_ == 0 && !cfg_.quiet) fmt::print("{}\n", line), std::fflush(stdout);
   }
@@ -216,6 +261,13 @@ class Run {
   const TrainContext& ctx_;
   int nice_ = 0;  // the compute thread's nice value in force
   kernels::Backend& backend_;
+  Communicator* comm_ = nullptr;  // the world communicator in force (null for one rank)
+  std::vector<std::unique_ptr<Communicator>> successors_;  // the ones membership changes made
+  int changes_ = 0;
+  double recoverySec_ = 0;
+  // keepRange: params, first and second moments as they were before this step's buckets.
+  std::vector<float*> kept_;
+  std::vector<std::pair<std::size_t, std::size_t>> stepped_;
   int rank_ = 0;
   int world_ = 1;
   Dataset train_, test_;
@@ -254,7 +306,7 @@ void Run::lowerComputePriority() {
 }
 
 Status Run::setUpSync() {
-  Communicator* world = ctx_.comm;
+  Communicator* world = comm_;
   if (world != nullptr) {
     std::vector<int> all(static_cast<std::size_t>(world_));
     for (int r = 0; r < world_; ++r) all[static_cast<std::size_t>(r)] = r;
@@ -411,6 +463,132 @@ Status Run::agreeOnFailure(const Status& mine, std::string_view what) {
   if (!mine.isOk()) return mine;
   if (!failed.empty()) return invalidArgument("rank(s) {} {}", fmt::join(failed, ", "), what);
   return Status();
+}
+
+Result<std::int64_t> Run::recover(const Status& failure, std::int64_t done, Clock::time_point since) {
+  if (!elastic()) return failure;
+  const auto start = since;
+  const int before = world_;
+  // A loss during the recovery itself is one more membership change: a few in a row.
+  Status last = failure;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    auto next = comm_->successor(Clock::now() + kSuccessorWait);
+    if (!next.isOk()) {
+      return commError("{}; and no successor communicator: {}", last.toString(), next.status().toString());
+    }
+    successors_.push_back(std::move(next).value());
+    comm_ = successors_.back().get();
+    worldSync_ = std::make_unique<MeridianSyncComm>(*comm_);
+    sync_ = worldSync_.get();
+    rank_ = comm_->rank();
+    world_ = comm_->size();
+    comms_.assign(1, CommUse{comm_, {}});
+    for (int r = 0; r < world_; ++r) comms_[0].worldRanks.push_back(r);
+    const routing::RegionAssignment regions = comm_->regions();
+    regionOf_ = regions.regionOf.size() == static_cast<std::size_t>(world_) ? regions.regionOf : std::vector<int>{};
+    // Every survivor holds its last whole step; the one furthest ahead (the lowest rank of
+    // them) hands its state to the others.
+    Result<std::vector<std::int64_t>> steps = gatherFromEveryRank(sync_, done);
+    Status st = steps.status();
+    std::int64_t agreed = done;
+    if (st.isOk()) {
+      const auto ahead = std::max_element(steps->begin(), steps->end());
+      agreed = *ahead;
+      if (std::any_of(steps->begin(), steps->end(), [&](std::int64_t v) { return v != agreed; })) {
+        st = adoptState(static_cast<int>(ahead - steps->begin()));
+      }
+    }
+    if (st.isOk() && cfg_.sync == SyncMode::kDdp) {
+      const std::size_t bucketBytes = static_cast<std::size_t>(cfg_.bucketMb * 1024 * 1024);
+      gradSync_.reset();  // its buckets were on the old communicator
+      auto grads = GradientSync::create(backend_, sync_, *model_, bucketBytes, cfg_.wire);
+      if (!grads.isOk()) return grads.status();
+      gradSync_ = std::move(grads).value();
+    }
+    if (st.isOk() && outerSync_) outerSync_->rebind(sync_);
+    if (!st.isOk()) {
+      last = st;
+      continue;  // lost another rank meanwhile: the next successor
+    }
+    ++changes_;
+    const double sec = secondsSince(start);
+    recoverySec_ += sec;
+    membershipChanges().add();
+    recoverySeconds().observe(sec);
+    const std::vector<int>& members = comm_->jobRanks();
+    MLOG_WARN(kTrainer, "membership changed ({} -> {} ranks, job ranks {}): going on from step {} as rank {} after "
+              "{:.2f} s (cut by: {})",
+              before, world_, fmt::join(members, ","), agreed, rank_, sec, failure.message());
+    log(fmt::format("membership: {} -> {} ranks (job ranks {}); {:.2f} s to recover, going on from step {} with the "
+                    "same global batch ({} rows per rank now) and learning rate",
+                    before, world_, fmt::join(members, ","), sec, agreed, localBatch()));
+    return agreed;
+  }
+  return last;
+}
+
+void Run::keepRange(std::size_t begin, std::size_t end) {
+  std::vector<float*> live{model_->params(), opt_->first()};
+  if (opt_->second() != nullptr) live.push_back(opt_->second());
+  if (kept_.empty()) {
+    for (std::size_t i = 0; i < live.size(); ++i) {
+      kept_.push_back(static_cast<float*>(backend_.alloc(model_->paramCount() * sizeof(float))));
+    }
+  }
+  for (std::size_t i = 0; i < live.size(); ++i) backend_.copy(kept_[i] + begin, live[i] + begin, end - begin);
+  stepped_.emplace_back(begin, end);
+}
+
+void Run::restoreRanges() {
+  std::vector<float*> live{model_->params(), opt_->first()};
+  if (opt_->second() != nullptr) live.push_back(opt_->second());
+  for (const auto& [begin, end] : stepped_) {
+    for (std::size_t i = 0; i < live.size() && i < kept_.size(); ++i) {
+      backend_.copy(live[i] + begin, kept_[i] + begin, end - begin);
+    }
+  }
+  stepped_.clear();
+  backend_.synchronize();
+}
+
+Status Run::adoptState(int source) {
+  const std::size_t n = model_->paramCount();
+  std::vector<float*> parts{model_->params(), opt_->first()};
+  if (opt_->second() != nullptr) parts.push_back(opt_->second());
+  if (outerSync_) {
+    parts.push_back(outerSync_->anchor());
+    parts.push_back(outerSync_->velocity());
+  }
+  std::vector<float> host(n);
+  std::vector<std::uint8_t> all;  // what the digest covers
+  for (float* part : parts) {
+    backend_.copyToHost(host.data(), part, n * sizeof(float));
+    MERIDIAN_RETURN_IF_ERROR(comm_->broadcast(host.data(), host.data(), n, kernels::DataType::kF32, source));
+    backend_.copyToDevice(part, host.data(), n * sizeof(float));
+    const auto* bytes = reinterpret_cast<const std::uint8_t*>(host.data());
+    all.insert(all.end(), bytes, bytes + n * sizeof(float));
+  }
+  std::int64_t optSteps = opt_->steps();
+  MERIDIAN_RETURN_IF_ERROR(comm_->broadcast(&optSteps, &optSteps, 1, kernels::DataType::kI64, source));
+  opt_->setSteps(optSteps);
+  backend_.synchronize();
+  // Bit-exact on every survivor, or nobody goes on.
+  return checkSameOnEveryRank(sync_, sha256({all}), "the state adopted after a membership change");
+}
+
+Status Run::elasticRun(const std::function<Status()>& op, std::int64_t done) {
+  auto since = Clock::now();
+  Status st = op();
+  for (int attempt = 0; !st.isOk() && attempt < 4; ++attempt) {
+    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t agreed, recover(st, done, since));
+    since = Clock::now();
+    if (agreed != done) {
+      return internalError("after a membership change the survivors hold step {}, this rank {} (outside a step)",
+                           agreed, done);
+    }
+    st = op();
+  }
+  return st;
 }
 
 Status Run::checkFiniteEverywhere(std::int64_t step, const std::vector<CheckpointSection>& sections) {
@@ -581,7 +759,9 @@ Result<TrainSummary> Run::go() {
   const std::int64_t totalSteps = cfg_.maxSteps > 0 ? cfg_.maxSteps : stepsPerEpoch * cfg_.epochs;
 
   const int b = localBatch();
-  MERIDIAN_ASSIGN_OR_RETURN(model_, Model::create(backend_, cfg_.model, std::max(b, 500), cfg_.seed));
+  // Elastic: room for a survivor's larger share of the global batch.
+  MERIDIAN_ASSIGN_OR_RETURN(model_, Model::create(backend_, cfg_.model, std::max(elastic() ? cfg_.globalBatch : b, 500),
+                                                  cfg_.seed));
   const auto hostRows = static_cast<std::size_t>(std::max(model_->maxBatch(), cfg_.globalBatch));
   hostInput_.resize(hostRows * train_.features());
   hostLabels_.resize(hostRows);
@@ -615,12 +795,13 @@ Result<TrainSummary> Run::go() {
 
   TrainSummary sum;
   sum.computeNice = nice_;
+  sum.startWorldSize = world_;
   // The one-rank baseline: rank 0 alone on the machine while the others wait.
   {
     const std::vector<std::uint32_t> first = epochPermutation(train_.count, cfg_.seed, 0);
-    if (sync_ != nullptr) MERIDIAN_RETURN_IF_ERROR(sync_->barrier());
+    if (sync_ != nullptr) MERIDIAN_RETURN_IF_ERROR(elasticRun([&] { return sync_->barrier(); }, step));
     if (rank_ == 0) sum.oneRankSamplesPerSec = cfg_.globalBatch / oneRankStepSec(first);
-    if (sync_ != nullptr) MERIDIAN_RETURN_IF_ERROR(sync_->barrier());
+    if (sync_ != nullptr) MERIDIAN_RETURN_IF_ERROR(elasticRun([&] { return sync_->barrier(); }, step));
   }
   const std::int64_t firstStep = step;
   std::int64_t cachedEpoch = -1;
@@ -639,29 +820,43 @@ Result<TrainSummary> Run::go() {
       cachedEpoch = epoch;
     }
     const auto t0 = Clock::now();
+    const int rows = localBatch();
     const std::size_t at = static_cast<std::size_t>(step % stepsPerEpoch) * static_cast<std::size_t>(cfg_.globalBatch) +
-                           static_cast<std::size_t>(rank_) * static_cast<std::size_t>(b);
-    fillBatch(*model_, train_, order.data() + at, b);
+                           static_cast<std::size_t>(batchBegin());
+    fillBatch(*model_, train_, order.data() + at, rows);
+    // This rank's share of the global batch weighs its gradient (1 while the world divides
+    // the batch), so the average over ranks is the mean over the global batch.
+    const float share = static_cast<float>(static_cast<double>(rows) * world_ / cfg_.globalBatch);
     kernels::LossStats stats;
     if (gradSync_) {
-      stats = model_->forwardBackward(b, 1.0f, [&](int layer) { gradSync_->onLayerDone(layer); });
+      stats = model_->forwardBackward(rows, share, [&](int layer) { gradSync_->onLayerDone(layer); });
     } else {
-      stats = model_->forwardBackward(b, 1.0f, nullptr);
+      stats = model_->forwardBackward(rows, share, nullptr);
     }
     double compute = secondsSince(t0);
     double comm = 0;
     // The optimizer steps each bucket as soon as it is averaged (DDP), overlapping the
     // buckets still on the wire; its time counts as compute, the rest of the wait as comm.
     double optimizerSec = 0;
+    const std::int64_t optimizerSteps = opt_->steps();
     opt_->beginStep();
+    stepped_.clear();
     auto stepRange = [&](std::size_t begin, std::size_t end) {
       const auto to = Clock::now();
+      if (elastic()) keepRange(begin, end);
       opt_->stepRange(model_->params(), model_->grads(), begin, end);
       optimizerSec += secondsSince(to);
     };
     if (gradSync_) {
       const auto tw = Clock::now();
-      MERIDIAN_RETURN_IF_ERROR(gradSync_->finish(stepRange));
+      if (const Status synced = gradSync_->finish(stepRange); !synced.isOk()) {
+        // Cut by a lost rank: the buckets stepped already are put back, so this rank holds
+        // the state of the step before, whole.
+        restoreRanges();
+        opt_->setSteps(optimizerSteps);
+        MERIDIAN_ASSIGN_OR_RETURN(step, recover(synced, step, t0));
+        continue;  // the step again, on the survivors
+      }
       comm += std::max(0.0, secondsSince(tw) - optimizerSec);
       payload += gradSync_->payloadBytesPerStep();
     } else {
@@ -671,14 +866,21 @@ Result<TrainSummary> Run::go() {
     ++step;
     if (outerSync_ && (step % cfg_.innerSteps == 0 || step == totalSteps)) {
       const auto ts = Clock::now();
-      MERIDIAN_RETURN_IF_ERROR(outerSync_->sync());
+      Status synced = outerSync_->sync();
+      // Cut by a lost rank: again on the survivors, unless one of them finished it (then
+      // every survivor took its state, the outer step included).
+      while (!synced.isOk()) {
+        MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t agreed, recover(synced, step - 1, ts));
+        synced = agreed == step - 1 ? outerSync_->sync() : Status();
+        step = std::max(step, agreed);
+      }
       comm += secondsSince(ts);
       payload += outerSync_->payloadBytesPerSync();
     }
     // The loss is on the host already: a free check every step. Weights that went bad show
     // here by the next step at the latest; peers stop when this rank leaves their collective.
     if (!std::isfinite(stats.lossSum))
-      return diverged(step, fmt::format("the training loss is {} on rank {}", stats.lossSum / b, rank_));
+      return diverged(step, fmt::format("the training loss is {} on rank {}", stats.lossSum / rows, rank_));
     sum.computeSec += compute;
     sum.exposedCommSec += comm;
     metrics.steps.add();
@@ -686,7 +888,7 @@ Result<TrainSummary> Run::go() {
     metrics.exposed.observe(comm);
     intervalLoss += stats.lossSum;
     intervalCorrect += static_cast<double>(stats.correct);
-    intervalRows += b;
+    intervalRows += rows;
     intervalCompute += compute;
     intervalComm += comm;
     ++intervalSteps;
@@ -712,7 +914,7 @@ Result<TrainSummary> Run::go() {
     }
     if (step % evalEvery == 0 && step != totalSteps) {
       double acc = 0, loss = 0;
-      MERIDIAN_RETURN_IF_ERROR(evaluate(&acc, &loss));
+      MERIDIAN_RETURN_IF_ERROR(elasticRun([&] { return evaluate(&acc, &loss); }, step));
       // Summed over every rank: all of them stop here together. Finite weights can still
       // be large enough to overflow the forward pass; they are no checkpoint to keep.
       if (!std::isfinite(loss)) return diverged(step, fmt::format("the test loss is {}", loss));
@@ -728,33 +930,48 @@ Result<TrainSummary> Run::go() {
       }
     }
     if (!cfg_.checkpointDir.empty() && cfg_.checkpointEvery > 0 && step % cfg_.checkpointEvery == 0 && step != totalSteps)
-      MERIDIAN_RETURN_IF_ERROR(saveCheckpoint(step));
+      MERIDIAN_RETURN_IF_ERROR(elasticRun([&] { return saveCheckpoint(step); }, step));
   }
   backend_.synchronize();
   sum.wallSec = secondsSince(start);
   sum.steps = step - firstStep;
   sum.finalStep = step;
   sum.samplesPerSec = static_cast<double>(sum.steps) * cfg_.globalBatch / std::max(sum.wallSec, 1e-9);
-  MERIDIAN_RETURN_IF_ERROR(evaluate(&sum.testAccuracy, &sum.testLoss));
+  MERIDIAN_RETURN_IF_ERROR(elasticRun([&] { return evaluate(&sum.testAccuracy, &sum.testLoss); }, step));
   if (!std::isfinite(sum.testLoss)) return diverged(step, fmt::format("the test loss is {}", sum.testLoss));
   metrics.testAccuracy.set(sum.testAccuracy);
   if (cfg_.targetAccuracy > 0 && sum.timeToTargetSec < 0 && sum.testAccuracy >= cfg_.targetAccuracy)
     sum.timeToTargetSec = sum.wallSec;
   if (!cfg_.checkpointDir.empty() && sum.steps > 0) {
-    MERIDIAN_RETURN_IF_ERROR(saveCheckpoint(step));
+    MERIDIAN_RETURN_IF_ERROR(elasticRun([&] { return saveCheckpoint(step); }, step));
   } else {
-    MERIDIAN_RETURN_IF_ERROR(checkFiniteEverywhere(step, {{"params", bytesOf(backend_, model_->params(), model_->paramCount())}}));
+    MERIDIAN_RETURN_IF_ERROR(elasticRun(
+        [&] {
+          return checkFiniteEverywhere(step, {{"params", bytesOf(backend_, model_->params(), model_->paramCount())}});
+        },
+        step));
   }
   std::tie(sum.bytesSent, sum.bytesCrossRegion) = transportBytes();
   sum.payloadBytes = payload;
   metrics.payloadBytes.add(payload);
-  std::uint64_t totals[3] = {sum.bytesSent, sum.bytesCrossRegion, sum.payloadBytes};
-  if (sync_ != nullptr)
-    MERIDIAN_RETURN_IF_ERROR(sync_->allreduce(totals, 3, kernels::DataType::kI64, kernels::ReduceOp::kSum));
+  std::uint64_t totals[3];
+  if (sync_ != nullptr) {
+    MERIDIAN_RETURN_IF_ERROR(elasticRun(
+        [&] {
+          totals[0] = sum.bytesSent, totals[1] = sum.bytesCrossRegion, totals[2] = sum.payloadBytes;
+          return sync_->allreduce(totals, 3, kernels::DataType::kI64, kernels::ReduceOp::kSum);
+        },
+        step));
+  } else {
+    totals[0] = sum.bytesSent, totals[1] = sum.bytesCrossRegion, totals[2] = sum.payloadBytes;
+  }
   sum.worldBytesSent = totals[0];
   sum.worldBytesCrossRegion = totals[1];
   sum.worldPayloadBytes = totals[2];
   sum.worldSize = world_;
+  sum.rank = rank_;
+  sum.membershipChanges = changes_;
+  sum.recoverySec = recoverySec_;
   sum.regionCount = regionOf_.empty() ? 0 : *std::max_element(regionOf_.begin(), regionOf_.end()) + 1;
   sum.params.resize(model_->paramCount());
   backend_.copyToHost(sum.params.data(), model_->params(), sum.params.size() * sizeof(float));

@@ -15,6 +15,16 @@
 //           (regions from MERIDIAN_REGION, else inferred by the routing layer)
 //   none    every rank trains alone (a baseline)
 //
+// Elastic (an elastic communicator: meridian-train's default, docs/elastic.md): when ranks are
+// lost, the survivors take the successor communicator and go on. The global batch, the
+// learning rate and the data order stay as they were (rank r of n trains on rows
+// [G r / n, G (r + 1) / n) of step s's global batch, its gradient weighted by its share), so
+// no sample is skipped and the optimisation is the one of the undisturbed run up to
+// summation order. A step is applied only once all its gradients were averaged (no bucket
+// is stepped early), so every survivor holds the state after its last whole step; the
+// survivors adopt the state of the one furthest ahead (checked by digest) and redo the
+// step that was cut. DiLoCo redoes the outer sync that was cut. Hybrid is not elastic yet.
+//
 // Integrity: ranks check that they loaded the same data (a SHA-256 of the decoded sets,
 // compared across ranks) and, after a resume, the same replicated weights. A training
 // loss that is not finite stops the run with an error; weights are checked before every
@@ -111,6 +121,13 @@ struct TrainSummary {
   int worldSize = 1;
   int regionCount = 0;           // regions known to the routing layer (0: none)
   int computeNice = 0;           // rank 0's compute thread's nice value (TrainConfig::computeNice)
+  // Elastic runs: this rank's rank at the end (0 prints the summary), the world it started
+  // with, the membership changes it went through and the time they cost it (from the
+  // failed collective to the state agreed on the successor).
+  int rank = 0;
+  int startWorldSize = 1;
+  int membershipChanges = 0;
+  double recoverySec = 0;
   std::vector<float> params;     // the final parameters (host copy), for tests and tools
 };
 

@@ -279,6 +279,21 @@ TEST(CollectivesProcessTest, TheCoordinatorAndAnotherRankKilledAtOnceAreOneAgree
   runLosing(5, "0,3:kill", {0, 3});
 }
 
+// Shrink (issue 28): one of 4 ranks killed with SIGKILL in the middle of allreduces; the
+// other 3 see that allreduce aborted, take the successor over the survivors and go on with
+// correct results (worker_main.cc checks every one). Through the shared-memory arena (the
+// default on one host), and over TCP channels.
+TEST(CollectivesProcessTest, ARankKilledMidAllreduceTheSurvivorsGoOnWithCorrectResults) {
+  runWorld(4, {"MERIDIAN_TEST_SHRINK=2", "MERIDIAN_ELASTIC=on"}, {2});
+}
+TEST(CollectivesProcessTest, ARankKilledMidAllreduceOverTcpTheSurvivorsGoOn) {
+  runWorld(4, {"MERIDIAN_TEST_SHRINK=1", "MERIDIAN_ELASTIC=on", "MERIDIAN_SHM=off"}, {1});
+}
+// The first rank (the host of the job's store and the lowest member) is the one lost.
+TEST(CollectivesProcessTest, RankZeroKilledMidAllreduceTheSurvivorsGoOn) {
+  runWorld(4, {"MERIDIAN_TEST_SHRINK=0", "MERIDIAN_ELASTIC=on"}, {0});
+}
+
 // The same over the channels (TCP, same-host direct reads).
 TEST(CollectivesProcessTest, ThreeRanksWithoutSharedMemory) {
   runWorld(3, {"MERIDIAN_SHM=off", "MERIDIAN_TEST_EXPECT_SHM=0"});

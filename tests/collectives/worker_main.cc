@@ -7,6 +7,8 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -50,6 +52,83 @@ int main() {
     }
     std::fprintf(stderr, "rank %d: 1000 allreduces and rank %s never died\n", c.rank(), victim);
     return 1;
+  }
+  // MERIDIAN_TEST_SHRINK=v (with MERIDIAN_ELASTIC=on): allreduces of rank-dependent values,
+  // checked, until rank v kills itself (SIGKILL) at the start of its fifth, while the others
+  // are in it with it. Every survivor must see that op aborted, take the successor (the
+  // survivors in job-rank order), and go on: the aborted allreduce again, then 20 more and a
+  // broadcast and an allgather, all checked against the survivors' values.
+  if (const char* victimEnv = std::getenv("MERIDIAN_TEST_SHRINK"); victimEnv != nullptr) {
+    const int victim = std::atoi(victimEnv);
+    std::unique_ptr<collectives::Communicator> owner = std::move(comm).value();
+    std::vector<float> buf(256 * 1024);
+    auto fill = [&](int iter) {
+      const int me = owner->jobRanks()[static_cast<std::size_t>(owner->rank())];
+      for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>((me + 1) * 1000 + iter + i % 7);
+    };
+    // What the sum must be: over the job ranks of the communicator's members.
+    auto expectSum = [&](int iter) -> std::string {
+      for (std::size_t i = 0; i < buf.size(); i += 4099) {
+        double want = 0;
+        for (int m : owner->jobRanks()) want += (m + 1) * 1000 + iter + static_cast<double>(i % 7);
+        if (buf[i] != static_cast<float>(want)) return fmt::format("allreduce {}: [{}] = {} not {}", iter, i, buf[i], want);
+      }
+      return {};
+    };
+    std::optional<std::chrono::steady_clock::time_point> failedAt;
+    double recovered = -1;
+    int aborted = 0;
+    for (int iter = 0; iter < 30; ++iter) {
+      if (owner->jobRanks()[static_cast<std::size_t>(owner->rank())] == victim && iter == 4) std::raise(SIGKILL);
+      fill(iter);
+      const auto started = std::chrono::steady_clock::now();
+      const Status st = owner->allreduce(buf.data(), buf.data(), buf.size(), DataType::kF32, ReduceOp::kSum);
+      if (!st.isOk()) {
+        if (aborted++ > 0) {
+          std::fprintf(stderr, "rank %d: a second failure: %s\n", owner->rank(), st.toString().c_str());
+          return 1;
+        }
+        failedAt = started;  // the victim died as this allreduce began
+        std::fprintf(stderr, "rank %d: allreduce %d: %s\n", owner->rank(), iter, st.toString().c_str());
+        auto next = owner->successor(Clock::now() + std::chrono::seconds(30));
+        if (!next.isOk()) {
+          std::fprintf(stderr, "rank %d: no successor: %s\n", owner->rank(), next.status().toString().c_str());
+          return 1;
+        }
+        owner = std::move(next).value();
+        --iter;  // the aborted one again, on the survivors
+        continue;
+      }
+      if (const std::string e = expectSum(iter); !e.empty()) {
+        std::fprintf(stderr, "rank %d (of %d): %s\n", owner->rank(), owner->size(), e.c_str());
+        return 1;
+      }
+      if (failedAt && recovered < 0) {
+        recovered = std::chrono::duration<double>(std::chrono::steady_clock::now() - *failedAt).count();
+      }
+    }
+    std::vector<int> survivors;
+    for (int r = 0; r < n; ++r) {
+      if (r != victim) survivors.push_back(r);
+    }
+    if (aborted != 1 || owner->jobRanks() != survivors || owner->membership().epoch != 1) {
+      std::fprintf(stderr, "rank %d: %d aborted ops, %d ranks at the end, epoch %llu\n", owner->rank(), aborted,
+                   owner->size(), static_cast<unsigned long long>(owner->membership().epoch));
+      return 1;
+    }
+    // The other collectives on the successor.
+    std::vector<std::string> failures;
+    auto check = [&](std::string result) {
+      if (!result.empty()) failures.push_back(std::move(result));
+    };
+    check(checkBroadcast(*owner, 100000, DataType::kF32, owner->size() - 1, false));
+    check(checkAllgather(*owner, 4097, DataType::kI32, false));
+    check(checkReduceScatter(*owner, 5000, DataType::kF32, ReduceOp::kSum, false));
+    check(checkBarrier(*owner, 2));
+    for (const auto& f : failures) std::fprintf(stderr, "rank %d: %s\n", owner->rank(), f.c_str());
+    std::fprintf(stderr, "rank %d: from the start of the aborted allreduce to the first one done on %d ranks: %.3f s\n", owner->rank(),
+                 owner->size(), recovered);
+    return failures.empty() ? 0 : 1;
   }
   // MERIDIAN_TEST_LOSE_RANK=v[,w...]:kill or :stop: those ranks kill themselves (SIGKILL) or
   // freeze (SIGSTOP: sockets open, nothing answers) after a barrier, and no collective runs.
