@@ -171,6 +171,7 @@ Result<std::unique_ptr<Communicator>> Communicator::build(bootstrap::Store& stor
   comm->elastic_ = elastic == "on";
   comm->jobRanks_ = std::move(lineage.jobRanks);
   comm->epoch_ = lineage.epoch;
+  comm->jobStore_ = &store;  // a successor's caller puts the job's store back
 
   MERIDIAN_ASSIGN_OR_RETURN(const std::string routingMode, readKnobChoice(knobs::kRouting, opts.routing));
   comm->adaptive_ = routingMode == "adaptive";
@@ -794,6 +795,7 @@ Result<std::unique_ptr<Communicator>> Communicator::buildSuccessor(const bootstr
   next->options_.timeout = options_.timeout;
   next->timeout_ = options_.timeout;
   next->owned_ = std::move(owned);
+  next->jobStore_ = jobStore_;
   return next;
 }
 
@@ -826,6 +828,206 @@ Result<std::unique_ptr<Communicator>> Communicator::successor(TimePoint deadline
   if (successorTaken_) return invalidArgument("the successor was already taken");
   successorTaken_ = true;
   return std::move(successor_);
+}
+
+// ---- Grow (docs/elastic.md) ---------------------------------------------------------
+
+namespace {
+
+// Job-store keys of joining: a ticket counter, one request per ticket, its admission, and
+// how many tickets were admitted (or given up) so far.
+constexpr std::string_view kJoinCount = "meridian/elastic/join/count";
+constexpr std::string_view kJoinDone = "meridian/elastic/join/done";
+std::string joinRequestKey(std::int64_t ticket) { return fmt::format("meridian/elastic/join/{}", ticket); }
+std::string joinAdmissionKey(std::int64_t ticket) { return fmt::format("meridian/elastic/join/{}/admitted", ticket); }
+// An admission names every member: bounded well above any job.
+constexpr std::size_t kMaxAdmissionBytes = std::size_t{1} << 20;
+// How long rank 0 waits for a counted request to appear (the joiner sets it right after).
+constexpr auto kJoinRequestWait = std::chrono::seconds(5);
+
+std::vector<std::uint8_t> bytesOfText(const std::string& text) { return {text.begin(), text.end()}; }
+
+// An admission as the joiners and members read it: where the grown communicator is set up,
+// its epoch and its members' job ranks (this one's rank in it is the joiner's own field).
+struct Admission {
+  std::string store;
+  std::uint64_t epoch = 0;
+  std::vector<int> jobRanks;
+  int rank = -1;
+};
+
+Result<Admission> parseAdmission(std::span<const std::uint8_t> bytes) {
+  if (bytes.size() > kMaxAdmissionBytes) return peerError("an admission of {} bytes", bytes.size());
+  auto j = nlohmann::json::parse(bytes.begin(), bytes.end(), nullptr, false);
+  const bool wellFormed = !j.is_discarded() && j.is_object() && j.contains("store") && j["store"].is_string() &&
+                          j.contains("epoch") && j["epoch"].is_number_unsigned() && j.contains("job_ranks") &&
+                          j["job_ranks"].is_array() && j.contains("rank") && j["rank"].is_number_integer();
+  if (!wellFormed) return peerError("a malformed admission");
+  Admission a;
+  a.store = j["store"].get<std::string>();
+  a.epoch = j["epoch"].get<std::uint64_t>();
+  a.rank = j["rank"].get<int>();
+  for (const auto& r : j["job_ranks"]) {
+    if (!r.is_number_integer() || r.get<std::int64_t>() < 0 || r.get<std::int64_t>() >= bootstrap::membership::kMaxRanks) {
+      return peerError("an admission names a job rank out of range");
+    }
+    a.jobRanks.push_back(r.get<int>());
+  }
+  std::vector<int> sorted = a.jobRanks;
+  std::sort(sorted.begin(), sorted.end());
+  if (a.jobRanks.size() < 2 || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() || a.rank < -1 ||
+      a.rank >= static_cast<int>(a.jobRanks.size())) {
+    return peerError("an admission of {} job ranks (repeated, or too few) with rank {}", a.jobRanks.size(), a.rank);
+  }
+  return a;
+}
+
+std::string encodeAdmission(const Admission& a) {
+  return nlohmann::json{{"store", a.store}, {"epoch", a.epoch}, {"job_ranks", a.jobRanks}, {"rank", a.rank}}.dump();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Communicator>> Communicator::join(const std::string& storeAddress, int jobRank,
+                                                         const CommOptions& options, TimePoint deadline) {
+  CommOptions opts = options;
+  if (opts.secret.empty()) {
+    MERIDIAN_ASSIGN_OR_RETURN(opts.secret, readJobSecret(2));
+  }
+  if (opts.localAddresses.empty()) opts.localAddresses = splitCommaList(knobString(knobs::kPaths));
+  if (opts.localAddresses.empty()) opts.localAddresses = {"127.0.0.1"};
+  auto root = std::make_unique<Owned>();
+  MERIDIAN_ASSIGN_OR_RETURN(root->store, bootstrap::TcpStore::connect(storeAddress, opts.secret, deadline));
+  MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t ticket, root->store->add(std::string(kJoinCount), 1));
+  MERIDIAN_RETURN_IF_ERROR(
+      root->store->set(joinRequestKey(ticket), bytesOfText(nlohmann::json{{"job_rank", jobRank}}.dump())));
+  MLOG_INFO(kCollectives, "asked to join the job at {} (ticket {}{})", storeAddress, ticket,
+            jobRank >= 0 ? fmt::format(", as job rank {}", jobRank) : std::string());
+  MERIDIAN_ASSIGN_OR_RETURN(std::vector<std::uint8_t> reply, root->store->get(joinAdmissionKey(ticket), deadline));
+  MERIDIAN_ASSIGN_OR_RETURN(const Admission a, parseAdmission(reply));
+  if (a.rank < 0) return peerError("the members admitted ticket {} without a rank", ticket);
+  auto owned = std::make_unique<Owned>();
+  MERIDIAN_ASSIGN_OR_RETURN(owned->store, bootstrap::TcpStore::connect(a.store, opts.secret, deadline));
+  if (opts.timeout.count() <= 0) {
+    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t ms, readKnobInt(knobs::kTimeoutMs));
+    opts.timeout = std::chrono::milliseconds(ms);
+  }
+  MERIDIAN_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> next,
+                            build(*owned->store, a.rank, static_cast<int>(a.jobRanks.size()), opts,
+                                  Lineage{a.epoch, a.jobRanks}));
+  bootstrap::Store* jobStore = root->store.get();
+  owned->previous = std::move(root);
+  next->owned_ = std::move(owned);
+  next->jobStore_ = jobStore;
+  MLOG_INFO(kCollectives, "joined the job: membership epoch {} {{{}}}, this rank {} of {}", a.epoch,
+            fmt::join(a.jobRanks, ","), next->rank(), next->size());
+  return next;
+}
+
+Result<int> Communicator::waitingJoiners() {
+  std::int64_t pending = 0;
+  if (rank_ == 0 && jobStore_ != nullptr) {
+    auto count = jobStore_->add(std::string(kJoinCount), 0);
+    auto done = jobStore_->add(std::string(kJoinDone), 0);
+    if (count.isOk() && done.isOk()) {
+      pending = std::max<std::int64_t>(0, count.value() - done.value());
+    } else {
+      MLOG_WARN(kCollectives, "the job's store does not answer, so no rank can join now: {}",
+                (count.isOk() ? done.status() : count.status()).toString());
+    }
+  }
+  if (size_ > 1) MERIDIAN_RETURN_IF_ERROR(broadcast(&pending, &pending, 1, DataType::kI64, 0));
+  return static_cast<int>(pending);
+}
+
+Result<std::unique_ptr<Communicator>> Communicator::admitJoiners(TimePoint deadline) {
+  if (jobStore_ == nullptr) return invalidArgument("no job store: nobody can join this communicator");
+  // Rank 0 decides who is in and where the grown communicator is set up; the others learn
+  // it in two broadcasts (the length, then the plan).
+  Admission plan;
+  auto owned = std::make_unique<Owned>();
+  std::string text;
+  if (rank_ == 0) {
+    const std::vector<std::string> ips = bootstrap::withoutPorts(options_.localAddresses);
+    auto server = bootstrap::StoreServer::start(ips.front(), 0, options_.secret);
+    auto count = jobStore_->add(std::string(kJoinCount), 0);
+    auto done = jobStore_->add(std::string(kJoinDone), 0);
+    if (server.isOk() && count.isOk() && done.isOk()) {
+      owned->server = std::move(server).value();
+      plan.store = fmt::format("{}:{}", ips.front(), owned->server->port());
+      plan.epoch = std::max(epoch_, membership().epoch) + 1;
+      plan.jobRanks = jobRanks_;
+      std::vector<std::int64_t> tickets;
+      for (std::int64_t t = done.value() + 1; t <= count.value(); ++t) {
+        auto request = jobStore_->get(joinRequestKey(t), Clock::now() + kJoinRequestWait);
+        int wanted = -1;
+        if (request.isOk()) {
+          auto j = nlohmann::json::parse(request->begin(), request->end(), nullptr, false);
+          if (!j.is_discarded() && j.is_object() && j.contains("job_rank") && j["job_rank"].is_number_integer()) {
+            wanted = static_cast<int>(std::clamp<std::int64_t>(j["job_rank"].get<std::int64_t>(), -1,
+                                                               bootstrap::membership::kMaxRanks - 1));
+          }
+        }
+        (void)jobStore_->add(std::string(kJoinDone), 1);  // answered either way
+        if (!request.isOk()) continue;  // asked and went away
+        const bool taken = wanted < 0 || std::find(plan.jobRanks.begin(), plan.jobRanks.end(), wanted) != plan.jobRanks.end();
+        plan.jobRanks.push_back(taken ? *std::max_element(plan.jobRanks.begin(), plan.jobRanks.end()) + 1 : wanted);
+        tickets.push_back(t);
+      }
+      for (std::size_t i = 0; i < tickets.size(); ++i) {
+        Admission theirs = plan;
+        theirs.rank = size_ + static_cast<int>(i);
+        (void)jobStore_->set(joinAdmissionKey(tickets[i]), bytesOfText(encodeAdmission(theirs)));
+      }
+      if (!tickets.empty()) text = encodeAdmission(plan);
+    } else {
+      MLOG_WARN(kCollectives, "cannot admit the ranks waiting to join: {}",
+                !server.isOk() ? server.status().toString()
+                               : (count.isOk() ? done.status() : count.status()).toString());
+    }
+  }
+  std::int64_t length = static_cast<std::int64_t>(text.size());
+  MERIDIAN_RETURN_IF_ERROR(broadcast(&length, &length, 1, DataType::kI64, 0));
+  if (length <= 0) return againStatus("nobody to admit (they went away, or rank 0 could not)");
+  if (static_cast<std::size_t>(length) > kMaxAdmissionBytes) return internalError("an admission of {} bytes", length);
+  std::vector<std::int32_t> words((static_cast<std::size_t>(length) + 3) / 4, 0);
+  if (rank_ == 0) std::memcpy(words.data(), text.data(), text.size());
+  MERIDIAN_RETURN_IF_ERROR(broadcast(words.data(), words.data(), words.size(), DataType::kI32, 0));
+  MERIDIAN_ASSIGN_OR_RETURN(plan, parseAdmission(std::span<const std::uint8_t>(
+                                      reinterpret_cast<const std::uint8_t*>(words.data()), static_cast<std::size_t>(length))));
+  // Every member builds the grown communicator; all of them go over to it, or none does.
+  Result<std::unique_ptr<Communicator>> next = internalError("not built");
+  {
+    auto store = bootstrap::TcpStore::connect(plan.store, options_.secret, deadline);
+    if (store.isOk()) {
+      owned->store = std::move(store).value();
+      CommOptions opts = options_;
+      opts.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      next = opts.timeout.count() > 0
+                 ? build(*owned->store, rank_, static_cast<int>(plan.jobRanks.size()), opts, Lineage{plan.epoch, plan.jobRanks})
+                 : Result<std::unique_ptr<Communicator>>(timeoutError("no time left to admit the joiners"));
+    } else {
+      next = store.status();
+    }
+  }
+  std::int64_t built = next.isOk() ? 1 : 0;
+  MERIDIAN_RETURN_IF_ERROR(allreduce(&built, &built, 1, DataType::kI64, ReduceOp::kMin));
+  if (built == 0) {
+    return next.isOk() ? againStatus("another member could not build the grown communicator")
+                       : next.status().withContext("admitting the joiners");
+  }
+  std::unique_ptr<Communicator> grown = std::move(next).value();
+  grown->options_.timeout = options_.timeout;
+  grown->timeout_ = options_.timeout;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    owned->previous = std::move(owned_);
+  }
+  grown->owned_ = std::move(owned);
+  grown->jobStore_ = jobStore_;
+  MLOG_INFO(kCollectives, "membership epoch {} {{{}}}: {} rank(s) joined", plan.epoch, fmt::join(plan.jobRanks, ","),
+            plan.jobRanks.size() - static_cast<std::size_t>(size_));
+  return grown;
 }
 
 }  // namespace meridian::collectives

@@ -162,6 +162,23 @@ class Communicator {
   // there is none: not elastic, this rank was left out, or the communicator broke for
   // another reason or while building it; kTimeout while it is still healthy.
   Result<std::unique_ptr<Communicator>> successor(TimePoint deadline);
+
+  // Grow (docs/elastic.md). A process that wants in (started later with the job's secret, or
+  // a rank the others went on without) calls join() with the job's store, the one rank 0 of
+  // the job hosts (MERIDIAN_STORE); `jobRank` >= 0 asks for that job rank back (granted when
+  // no member holds it). It returns once the members admitted it: a communicator of the
+  // members and the joiners, in which it has the last ranks.
+  static Result<std::unique_ptr<Communicator>> join(const std::string& storeAddress, int jobRank,
+                                                    const CommOptions& options, TimePoint deadline);
+  // Collective over the members: how many processes wait to join (rank 0 asks the job
+  // store, the others learn it from rank 0). 0 when this communicator has no job store.
+  Result<int> waitingJoiners();
+  // Collective over the members, after waitingJoiners() said some wait: admits them and
+  // returns the grown communicator (members keep their ranks, joiners follow in the order
+  // they asked), at the next membership epoch. This communicator stays as it was: when the
+  // grown one could not be built on every member by `deadline`, the members go on with it
+  // (the error says why); otherwise the caller retires it.
+  Result<std::unique_ptr<Communicator>> admitJoiners(TimePoint deadline);
   // Every rank's latest row of the link-state table (empty rows without routing).
   routing::LinkStateTable linkState() const;
   // Regions as routing sees them (named, or inferred from RTTs).
@@ -282,6 +299,9 @@ class Communicator {
   bool elastic_ = false;
   std::vector<int> jobRanks_;
   std::uint64_t epoch_ = 0;
+  // The job's store (join requests), whoever owns it: this communicator's creator, or the
+  // Owned chain a successor inherits. Null without one.
+  bootstrap::Store* jobStore_ = nullptr;
   std::chrono::milliseconds peerTimeout_{5000};
   std::string metricsName_;  // device and prober label: CommOptions::name + rank
   std::uint64_t sessionId_ = 0;

@@ -289,6 +289,11 @@ TEST(CollectivesProcessTest, ARankKilledMidAllreduceTheSurvivorsGoOnWithCorrectR
 TEST(CollectivesProcessTest, ARankKilledMidAllreduceOverTcpTheSurvivorsGoOn) {
   runWorld(4, {"MERIDIAN_TEST_SHRINK=1", "MERIDIAN_ELASTIC=on", "MERIDIAN_SHM=off"}, {1});
 }
+// Then a process started later joins as the lost job rank: the members admit it, and all 4
+// compute correct results again.
+TEST(CollectivesProcessTest, ARankKilledThenAJoinerTakesItsPlaceAndAllFourGoOn) {
+  runWorld(4, {"MERIDIAN_TEST_SHRINK=2", "MERIDIAN_TEST_REJOIN=1", "MERIDIAN_ELASTIC=on"}, {2});
+}
 // The first rank (the host of the job's store and the lowest member) is the one lost.
 TEST(CollectivesProcessTest, RankZeroKilledMidAllreduceTheSurvivorsGoOn) {
   runWorld(4, {"MERIDIAN_TEST_SHRINK=0", "MERIDIAN_ELASTIC=on"}, {0});

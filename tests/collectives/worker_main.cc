@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -21,13 +23,55 @@
 #include "collectives/communicator.h"
 #include "tests/common/collective_checks.h"
 
+extern char** environ;
+
 namespace {
 constexpr int kExitStorePortTaken = 75;
+
+using meridian::collectives::Communicator;
+
+// The allreduce checks of MERIDIAN_TEST_SHRINK and its joiner: each rank's values depend on
+// its job rank and the iteration, so the sum says which ranks took part.
+void fillShare(std::vector<float>& buf, const Communicator& c, int iter) {
+  const int me = c.jobRanks()[static_cast<std::size_t>(c.rank())];
+  for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>((me + 1) * 1000 + iter + i % 7);
 }
+
+std::string expectShareSum(const std::vector<float>& buf, const Communicator& c, int iter) {
+  for (std::size_t i = 0; i < buf.size(); i += 4099) {
+    double want = 0;
+    for (int m : c.jobRanks()) want += (m + 1) * 1000 + iter + static_cast<double>(i % 7);
+    if (buf[i] != static_cast<float>(want)) {
+      return fmt::format("allreduce {} on {} ranks: [{}] = {} not {}", iter, c.size(), i, buf[i], want);
+    }
+  }
+  return {};
+}
+
+// The other collectives, checked, on a communicator that changed membership.
+std::vector<std::string> checkOtherCollectives(Communicator& c) {
+  using namespace meridian::testing;
+  using meridian::kernels::DataType;
+  std::vector<std::string> failures;
+  for (std::string f : {checkBroadcast(c, 100000, DataType::kF32, c.size() - 1, false),
+                        checkAllgather(c, 4097, DataType::kI32, false),
+                        checkReduceScatter(c, 5000, DataType::kF32, meridian::kernels::ReduceOp::kSum, false),
+                        checkBarrier(c, 2)}) {
+    if (!f.empty()) failures.push_back(std::move(f));
+  }
+  return failures;
+}
+}
+
+// MERIDIAN_TEST_JOINER=j: a process started after the others (by the lowest survivor of
+// MERIDIAN_TEST_SHRINK with MERIDIAN_TEST_REJOIN=1) that joins the job as job rank j, learns
+// the iteration the members are at, and runs the rest of their allreduces with them.
+int joinerMain(int jobRank);
 
 int main() {
   using namespace meridian;
   using namespace meridian::testing;
+  if (const char* j = std::getenv("MERIDIAN_TEST_JOINER"); j != nullptr) return joinerMain(std::atoi(j));
   auto comm = collectives::Communicator::createFromEnvironment();
   if (!comm.isOk()) {
     std::fprintf(stderr, "collectives_worker: set-up failed: %s\n", comm.status().toString().c_str());
@@ -62,25 +106,48 @@ int main() {
     const int victim = std::atoi(victimEnv);
     std::unique_ptr<collectives::Communicator> owner = std::move(comm).value();
     std::vector<float> buf(256 * 1024);
-    auto fill = [&](int iter) {
-      const int me = owner->jobRanks()[static_cast<std::size_t>(owner->rank())];
-      for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>((me + 1) * 1000 + iter + i % 7);
-    };
-    // What the sum must be: over the job ranks of the communicator's members.
-    auto expectSum = [&](int iter) -> std::string {
-      for (std::size_t i = 0; i < buf.size(); i += 4099) {
-        double want = 0;
-        for (int m : owner->jobRanks()) want += (m + 1) * 1000 + iter + static_cast<double>(i % 7);
-        if (buf[i] != static_cast<float>(want)) return fmt::format("allreduce {}: [{}] = {} not {}", iter, i, buf[i], want);
-      }
-      return {};
-    };
     std::optional<std::chrono::steady_clock::time_point> failedAt;
     double recovered = -1;
     int aborted = 0;
-    for (int iter = 0; iter < 30; ++iter) {
+    // MERIDIAN_TEST_REJOIN=1: 5 allreduces after the shrink, the lowest survivor starts a
+    // process that joins as job rank v; the members admit it (they ask every iteration) and
+    // all 4 run 10 more allreduces.
+    const bool rejoin = std::getenv("MERIDIAN_TEST_REJOIN") != nullptr;
+    pid_t joiner = -1;
+    bool grown = false;
+    int end = 30;
+    int shrunkAt = -1;
+    const auto giveUp = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    for (int iter = 0; iter < end; ++iter) {
+      if (rejoin && shrunkAt >= 0 && !grown && iter >= shrunkAt + 5) {
+        if (owner->rank() == 0 && joiner < 0) {
+          const std::string env = fmt::format("MERIDIAN_TEST_JOINER={}", victim);
+          std::vector<char*> envp;
+          envp.push_back(const_cast<char*>(env.c_str()));
+          for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+          envp.push_back(nullptr);
+          char* argv[] = {const_cast<char*>("/proc/self/exe"), nullptr};
+          if (posix_spawn(&joiner, "/proc/self/exe", nullptr, nullptr, argv, envp.data()) != 0) return 1;
+        }
+        auto pending = owner->waitingJoiners();
+        if (!pending.isOk()) return 1;
+        if (*pending > 0) {
+          auto g = owner->admitJoiners(Clock::now() + std::chrono::seconds(30));
+          if (!g.isOk()) {
+            std::fprintf(stderr, "rank %d: admitting: %s\n", owner->rank(), g.status().toString().c_str());
+            return 1;
+          }
+          owner = std::move(g).value();
+          grown = true;
+          std::int64_t at = iter;
+          if (!owner->broadcast(&at, &at, 1, DataType::kI64, 0).isOk()) return 1;
+          end = iter + 10;
+        } else if (iter == end - 1 && std::chrono::steady_clock::now() < giveUp) {
+          ++end;  // the joiner is still starting
+        }
+      }
       if (owner->jobRanks()[static_cast<std::size_t>(owner->rank())] == victim && iter == 4) std::raise(SIGKILL);
-      fill(iter);
+      fillShare(buf, *owner, iter);
       const auto started = std::chrono::steady_clock::now();
       const Status st = owner->allreduce(buf.data(), buf.data(), buf.size(), DataType::kF32, ReduceOp::kSum);
       if (!st.isOk()) {
@@ -96,10 +163,11 @@ int main() {
           return 1;
         }
         owner = std::move(next).value();
+        shrunkAt = iter;
         --iter;  // the aborted one again, on the survivors
         continue;
       }
-      if (const std::string e = expectSum(iter); !e.empty()) {
+      if (const std::string e = expectShareSum(buf, *owner, iter); !e.empty()) {
         std::fprintf(stderr, "rank %d (of %d): %s\n", owner->rank(), owner->size(), e.c_str());
         return 1;
       }
@@ -111,23 +179,22 @@ int main() {
     for (int r = 0; r < n; ++r) {
       if (r != victim) survivors.push_back(r);
     }
-    if (aborted != 1 || owner->jobRanks() != survivors || owner->membership().epoch != 1) {
+    if (rejoin) survivors.push_back(victim);  // back, with the last rank
+    if (aborted != 1 || owner->jobRanks() != survivors || owner->membership().epoch != (rejoin ? 2u : 1u)) {
       std::fprintf(stderr, "rank %d: %d aborted ops, %d ranks at the end, epoch %llu\n", owner->rank(), aborted,
                    owner->size(), static_cast<unsigned long long>(owner->membership().epoch));
       return 1;
     }
-    // The other collectives on the successor.
-    std::vector<std::string> failures;
-    auto check = [&](std::string result) {
-      if (!result.empty()) failures.push_back(std::move(result));
-    };
-    check(checkBroadcast(*owner, 100000, DataType::kF32, owner->size() - 1, false));
-    check(checkAllgather(*owner, 4097, DataType::kI32, false));
-    check(checkReduceScatter(*owner, 5000, DataType::kF32, ReduceOp::kSum, false));
-    check(checkBarrier(*owner, 2));
-    for (const auto& f : failures) std::fprintf(stderr, "rank %d: %s\n", owner->rank(), f.c_str());
+    std::vector<std::string> failures = checkOtherCollectives(*owner);
     std::fprintf(stderr, "rank %d: from the start of the aborted allreduce to the first one done on %d ranks: %.3f s\n", owner->rank(),
-                 owner->size(), recovered);
+                 owner->size() - (rejoin ? 1 : 0), recovered);
+    if (joiner > 0) {
+      int status = 0;
+      if (::waitpid(joiner, &status, 0) != joiner || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        failures.push_back(fmt::format("the joiner ended with status {}", status));
+      }
+    }
+    for (const auto& f : failures) std::fprintf(stderr, "rank %d: %s\n", owner->rank(), f.c_str());
     return failures.empty() ? 0 : 1;
   }
   // MERIDIAN_TEST_LOSE_RANK=v[,w...]:kill or :stop: those ranks kill themselves (SIGKILL) or
@@ -278,5 +345,40 @@ int main() {
     }
   }
   for (const auto& f : failures) std::fprintf(stderr, "rank %d: %s\n", c.rank(), f.c_str());
+  return failures.empty() ? 0 : 1;
+}
+
+int joinerMain(int jobRank) {
+  using namespace meridian;
+  using namespace meridian::testing;
+  const char* store = std::getenv("MERIDIAN_STORE");
+  if (store == nullptr) return 2;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto joined = collectives::Communicator::join(store, jobRank, {}, Clock::now() + std::chrono::seconds(60));
+  if (!joined.isOk()) {
+    std::fprintf(stderr, "joiner: %s\n", joined.status().toString().c_str());
+    return 1;
+  }
+  std::unique_ptr<collectives::Communicator> c = std::move(joined).value();
+  const double admitted = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::int64_t at = 0;
+  if (!c->broadcast(&at, &at, 1, DataType::kI64, 0).isOk()) return 1;
+  std::vector<float> buf(256 * 1024);
+  const int me = c->jobRanks()[static_cast<std::size_t>(c->rank())];
+  for (int iter = static_cast<int>(at); iter < at + 10; ++iter) {
+    fillShare(buf, *c, iter);
+    if (Status st = c->allreduce(buf.data(), buf.data(), buf.size(), DataType::kF32, ReduceOp::kSum); !st.isOk()) {
+      std::fprintf(stderr, "joiner: allreduce %d: %s\n", iter, st.toString().c_str());
+      return 1;
+    }
+    if (const std::string e = expectShareSum(buf, *c, iter); !e.empty()) {
+      std::fprintf(stderr, "joiner: %s\n", e.c_str());
+      return 1;
+    }
+  }
+  std::vector<std::string> failures = checkOtherCollectives(*c);
+  for (const auto& f : failures) std::fprintf(stderr, "joiner: %s\n", f.c_str());
+  std::fprintf(stderr, "joiner: admitted as rank %d of %d (job rank %d) %.3f s after it started\n", c->rank(), c->size(),
+               me, admitted);
   return failures.empty() ? 0 : 1;
 }

