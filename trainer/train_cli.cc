@@ -58,6 +58,7 @@ struct Args {
   std::string computeNice = "auto";
   std::string bind = "cpus";
   std::string elastic = "on";
+  bool join = false;
 };
 
 std::string human(double bytes) {
@@ -78,8 +79,9 @@ void printSummary(const TrainConfig& cfg, const TrainSummary& s, const std::stri
              s.regionCount > 0 ? fmt::format("{} regions", s.regionCount) : std::string("regions unknown"), backend);
   fmt::print("  wall time          {:.1f} s, {:.0f} samples/s\n", s.wallSec, s.samplesPerSec);
   if (s.membershipChanges > 0) {
-    fmt::print("  membership         {} -> {} ranks in {} change(s); {:.2f} s recovering (this rank), no sample skipped\n",
-               s.startWorldSize, s.worldSize, s.membershipChanges, s.recoverySec);
+    fmt::print("  membership         {} ranks in {} change(s); {:.2f} s recovering from losses (this rank), no sample "
+               "skipped\n",
+               fmt::join(s.worldSizes, " -> "), s.membershipChanges, s.recoverySec);
   }
   fmt::print("  step time          compute {:.1f} ms, exposed communication {:.1f} ms ({:.0f}% of the step)\n",
              s.steps > 0 ? 1e3 * s.computeSec / static_cast<double>(s.steps) : 0,
@@ -123,6 +125,7 @@ void writeJson(const std::string& path, const TrainConfig& cfg, const TrainSumma
                    {"compute_nice", s.computeNice},
                    {"start_ranks", s.startWorldSize},
                    {"membership_changes", s.membershipChanges},
+                   {"world_sizes", s.worldSizes},
                    {"recovery_s", s.recoverySec}};
   std::ofstream out(path);
   out << j.dump(2) << "\n";
@@ -154,6 +157,21 @@ int runRank(const TrainConfig& given, const Args& a, SyncComm* external, const R
   if (external != nullptr) {
     launch.rank = external->rank();
     launch.worldSize = external->size();
+  } else if (a.join) {
+    // A joiner: the job's store and secret from the environment, and MERIDIAN_RANK (when set)
+    // the job rank it asks for back.
+    launch.storeAddress = knobString(knobs::kStore);
+    if (launch.storeAddress.empty()) {
+      std::fprintf(stderr, "meridian-train: --join needs MERIDIAN_STORE, the job's store (host:port)\n");
+      return 2;
+    }
+    const Result<std::int64_t> wanted = readKnobInt(knobs::kRank);
+    if (!wanted.isOk()) {
+      std::fprintf(stderr, "meridian-train: %s\n", wanted.status().message().c_str());
+      return 2;
+    }
+    launch.rank = static_cast<int>(wanted.value());
+    launch.worldSize = 2;  // at least: it joins others
   } else {
     auto info = bootstrap::detectLaunch();
     if (!info.isOk()) {
@@ -174,7 +192,19 @@ int runRank(const TrainConfig& given, const Args& a, SyncComm* external, const R
     return 2;
   }
   std::unique_ptr<collectives::Communicator> comm;
-  if (external == nullptr && launch.worldSize > 1) {
+  if (a.elastic == "on" && external == nullptr) ctx.rejoinStore = launch.storeAddress;
+  if (a.join) {
+    auto c = collectives::Communicator::join(launch.storeAddress, launch.rank, ctx.commOptions,
+                                             Clock::now() + std::chrono::minutes(10));
+    if (!c.isOk()) {
+      std::fprintf(stderr, "meridian-train: could not join the job at %s: %s\n", launch.storeAddress.c_str(),
+                   c.status().toString().c_str());
+      return 1;
+    }
+    comm = std::move(c).value();
+    ctx.comm = comm.get();
+    ctx.joined = true;
+  } else if (external == nullptr && launch.worldSize > 1) {
     auto c = collectives::Communicator::createFromEnvironment(ctx.commOptions);
     if (!c.isOk()) {
       std::fprintf(stderr, "meridian-train rank %d: could not join the job: %s\n", launch.rank,
@@ -263,6 +293,15 @@ int trainCli(int argc, char** argv, SyncComm* external, const RankHook& onJoined
                  "on: training goes on when ranks are lost (the survivors agree on the membership, take a successor "
                  "communicator and redo the step that was cut; docs/elastic.md); off: a lost rank stops the run")
       ->check(CLI::IsMember({"on", "off"}));
+  if (external == nullptr) {
+    app.add_flag("--join", a.join,
+                 "Join a running elastic job (its store in MERIDIAN_STORE, its secret in MERIDIAN_SECRET; "
+                 "MERIDIAN_RANK asks for that job rank back): the members admit it at their next check and hand it "
+                 "the step and the state");
+  }
+  app.add_option("--join-check-every", cfg.joinCheckEvery,
+                 "Elastic: steps between the members' checks for ranks waiting to join (0: admit none)")
+      ->check(CLI::Range(0, INT_MAX));
   app.add_flag("--quiet", cfg.quiet, "No progress lines");
   try {
     app.parse(argc, argv);

@@ -34,6 +34,10 @@ double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(
 // How long a survivor waits for the successor communicator (the agreement takes at most a
 // few peer timeouts; its set-up, one connection round per pair).
 constexpr auto kSuccessorWait = std::chrono::minutes(2);
+// How long a rank the others went on without keeps asking to join again (a cut region waits
+// for its network), and how long the members give joiners to connect once admitted.
+constexpr auto kRejoinWait = std::chrono::minutes(10);
+constexpr auto kAdmitWait = std::chrono::seconds(60);
 
 Counter& membershipChanges() {
   return MetricsRegistry::global().counter("meridian_trainer_membership_changes_total",
@@ -238,9 +242,11 @@ class Run {
   // Survives lost ranks: the world communicator is elastic (hybrid is not yet).
   bool elastic() const { return comm_ != nullptr && comm_->elastic() && cfg_.sync != SyncMode::kHybrid; }
   // After a collective failed with `failure` (elastic): takes the successor communicator,
-  // binds the sync to it, and brings every survivor to the state of the one furthest ahead,
-  // `done` being the whole steps this rank holds. Returns the step every survivor now holds;
-  // the failure itself when there is no successor.
+  // binds the sync to it, and brings every survivor to the state of the one furthest ahead.
+  // Positions say where a rank's state is: 2s after s whole steps (at a boundary, or cut in
+  // step s + 1), 2s - 1 after the inner part of step s with its outer sync still to do
+  // (DiLoCo). Returns the position every survivor goes on from (the largest; the others took
+  // that rank's state); the failure itself when there is no successor and no way back in.
   // `since`: when the work that was cut began (what the change cost is counted from there).
   Result<std::int64_t> recover(const Status& failure, std::int64_t done, Clock::time_point since);
   // The survivors' state from `source` (params, optimizer, outer state), checked by digest.
@@ -250,9 +256,20 @@ class Run {
   // put back when a lost rank cut the step.
   void keepRange(std::size_t begin, std::size_t end);
   void restoreRanges();
-  // Runs `op` (a collective step of its own, e.g. an evaluation), again on the successor
-  // after a membership change; `done` as for recover.
-  Status elasticRun(const std::function<Status()>& op, std::int64_t done);
+  // Runs `op`, a collective at a boundary (an evaluation, a checkpoint, the joiners' check)
+  // at `position`. True when a lost rank cut it: it is not run again, and every survivor goes
+  // on from `*agreed` (recover).
+  Result<bool> atBoundary(const std::function<Status()>& op, std::int64_t position, std::int64_t* agreed);
+  // Makes `next` the world communicator (owned here): the sync modes, ranks and regions
+  // follow it.
+  Status bindTo(std::unique_ptr<Communicator> next);
+  // After ranks joined (on every member and joiner): every rank learns rank 0's step, checks
+  // it decoded the same data, and takes rank 0's state.
+  Status welcome(std::int64_t* step);
+  // Members, at a step boundary: admits the ranks waiting to join, if any.
+  Status admitJoiners(std::int64_t* step);
+  // A rank the others went on without asks to join again (ctx.rejoinStore).
+  Result<std::int64_t> rejoin(const Status& why);
   void log(const std::string& line) const {
     if (rank_ == 0 && !cfg_.quiet) fmt::print("{}\n", line), std::fflush(stdout);
   }
@@ -265,6 +282,8 @@ class Run {
   std::vector<std::unique_ptr<Communicator>> successors_;  // the ones membership changes made
   int changes_ = 0;
   double recoverySec_ = 0;
+  std::vector<int> worldSizes_;
+  Sha256 dataDigest_{};
   // keepRange: params, first and second moments as they were before this step's buckets.
   std::vector<float*> kept_;
   std::vector<std::pair<std::size_t, std::size_t>> stepped_;
@@ -465,32 +484,45 @@ Status Run::agreeOnFailure(const Status& mine, std::string_view what) {
   return Status();
 }
 
-Result<std::int64_t> Run::recover(const Status& failure, std::int64_t done, Clock::time_point since) {
+Status Run::bindTo(std::unique_ptr<Communicator> next) {
+  successors_.push_back(std::move(next));
+  comm_ = successors_.back().get();
+  worldSync_ = std::make_unique<MeridianSyncComm>(*comm_);
+  sync_ = worldSync_.get();
+  rank_ = comm_->rank();
+  world_ = comm_->size();
+  worldSizes_.push_back(world_);
+  comms_.assign(1, CommUse{comm_, {}});
+  for (int r = 0; r < world_; ++r) comms_[0].worldRanks.push_back(r);
+  const routing::RegionAssignment regions = comm_->regions();
+  regionOf_ = regions.regionOf.size() == static_cast<std::size_t>(world_) ? regions.regionOf : std::vector<int>{};
+  if (cfg_.sync == SyncMode::kDdp) {
+    const std::size_t bucketBytes = static_cast<std::size_t>(cfg_.bucketMb * 1024 * 1024);
+    gradSync_.reset();  // its buckets were on the old communicator
+    MERIDIAN_ASSIGN_OR_RETURN(gradSync_, GradientSync::create(backend_, sync_, *model_, bucketBytes, cfg_.wire));
+  }
+  if (outerSync_) outerSync_->rebind(sync_);
+  return Status();
+}
+
+Result<std::int64_t> Run::recover(const Status& failure, std::int64_t position, Clock::time_point since) {
   if (!elastic()) return failure;
-  const auto start = since;
   const int before = world_;
   // A loss during the recovery itself is one more membership change: a few in a row.
   Status last = failure;
   for (int attempt = 0; attempt < 4; ++attempt) {
     auto next = comm_->successor(Clock::now() + kSuccessorWait);
     if (!next.isOk()) {
-      return commError("{}; and no successor communicator: {}", last.toString(), next.status().toString());
+      // Left out (the others agreed without this rank, e.g. across a cut that healed), or no
+      // successor at all: ask to join again.
+      return rejoin(commError("{}; and no successor communicator: {}", last.toString(), next.status().toString()));
     }
-    successors_.push_back(std::move(next).value());
-    comm_ = successors_.back().get();
-    worldSync_ = std::make_unique<MeridianSyncComm>(*comm_);
-    sync_ = worldSync_.get();
-    rank_ = comm_->rank();
-    world_ = comm_->size();
-    comms_.assign(1, CommUse{comm_, {}});
-    for (int r = 0; r < world_; ++r) comms_[0].worldRanks.push_back(r);
-    const routing::RegionAssignment regions = comm_->regions();
-    regionOf_ = regions.regionOf.size() == static_cast<std::size_t>(world_) ? regions.regionOf : std::vector<int>{};
+    MERIDIAN_RETURN_IF_ERROR(bindTo(std::move(next).value()));
     // Every survivor holds its last whole step; the one furthest ahead (the lowest rank of
     // them) hands its state to the others.
-    Result<std::vector<std::int64_t>> steps = gatherFromEveryRank(sync_, done);
+    Result<std::vector<std::int64_t>> steps = gatherFromEveryRank(sync_, position);
     Status st = steps.status();
-    std::int64_t agreed = done;
+    std::int64_t agreed = position;
     if (st.isOk()) {
       const auto ahead = std::max_element(steps->begin(), steps->end());
       agreed = *ahead;
@@ -498,33 +530,67 @@ Result<std::int64_t> Run::recover(const Status& failure, std::int64_t done, Cloc
         st = adoptState(static_cast<int>(ahead - steps->begin()));
       }
     }
-    if (st.isOk() && cfg_.sync == SyncMode::kDdp) {
-      const std::size_t bucketBytes = static_cast<std::size_t>(cfg_.bucketMb * 1024 * 1024);
-      gradSync_.reset();  // its buckets were on the old communicator
-      auto grads = GradientSync::create(backend_, sync_, *model_, bucketBytes, cfg_.wire);
-      if (!grads.isOk()) return grads.status();
-      gradSync_ = std::move(grads).value();
-    }
-    if (st.isOk() && outerSync_) outerSync_->rebind(sync_);
     if (!st.isOk()) {
       last = st;
       continue;  // lost another rank meanwhile: the next successor
     }
     ++changes_;
-    const double sec = secondsSince(start);
+    const double sec = secondsSince(since);
     recoverySec_ += sec;
     membershipChanges().add();
     recoverySeconds().observe(sec);
     const std::vector<int>& members = comm_->jobRanks();
-    MLOG_WARN(kTrainer, "membership changed ({} -> {} ranks, job ranks {}): going on from step {} as rank {} after "
+    const std::int64_t from = agreed / 2 + (agreed % 2);
+    MLOG_WARN(kTrainer, "membership changed ({} -> {} ranks, job ranks {}): going on from step {}{} as rank {} after "
               "{:.2f} s (cut by: {})",
-              before, world_, fmt::join(members, ","), agreed, rank_, sec, failure.message());
-    log(fmt::format("membership: {} -> {} ranks (job ranks {}); {:.2f} s to recover, going on from step {} with the "
+              before, world_, fmt::join(members, ","), from, agreed % 2 ? "'s outer sync" : "", rank_, sec,
+              failure.message());
+    log(fmt::format("membership: {} -> {} ranks (job ranks {}); {:.2f} s to recover, going on from step {}{} with the "
                     "same global batch ({} rows per rank now) and learning rate",
-                    before, world_, fmt::join(members, ","), sec, agreed, localBatch()));
+                    before, world_, fmt::join(members, ","), sec, from, agreed % 2 ? "'s outer sync" : "", localBatch()));
     return agreed;
   }
   return last;
+}
+
+Result<std::int64_t> Run::rejoin(const Status& why) {
+  if (ctx_.rejoinStore.empty()) return why;
+  const int jobRank = comm_->jobRanks()[static_cast<std::size_t>(comm_->rank())];
+  MLOG_WARN(kTrainer, "job rank {} asks to join the job again ({}): {}", jobRank, ctx_.rejoinStore, why.message());
+  auto joined = Communicator::join(ctx_.rejoinStore, jobRank, ctx_.commOptions, Clock::now() + kRejoinWait);
+  if (!joined.isOk()) return commError("{}; and could not join again: {}", why.toString(), joined.status().toString());
+  MERIDIAN_RETURN_IF_ERROR(bindTo(std::move(joined).value()));
+  std::int64_t step = 0;
+  MERIDIAN_RETURN_IF_ERROR(welcome(&step));
+  ++changes_;
+  membershipChanges().add();
+  return 2 * step;  // the members admit ranks at a boundary
+}
+
+Status Run::welcome(std::int64_t* step) {
+  MERIDIAN_RETURN_IF_ERROR(comm_->broadcast(step, step, 1, kernels::DataType::kI64, 0));
+  MERIDIAN_RETURN_IF_ERROR(checkSameOnEveryRank(sync_, dataDigest_, "data (after ranks joined)"));
+  return adoptState(0);
+}
+
+Status Run::admitJoiners(std::int64_t* step) {
+  const auto start = Clock::now();
+  MERIDIAN_ASSIGN_OR_RETURN(const int waiting, comm_->waitingJoiners());
+  if (waiting == 0) return Status();
+  const int before = world_;
+  auto grown = comm_->admitJoiners(Clock::now() + kAdmitWait);
+  if (!grown.isOk()) {
+    MLOG_WARN(kTrainer, "could not admit the {} rank(s) waiting to join: {}", waiting, grown.status().toString());
+    return Status();  // the members go on as they were
+  }
+  MERIDIAN_RETURN_IF_ERROR(bindTo(std::move(grown).value()));
+  MERIDIAN_RETURN_IF_ERROR(welcome(step));
+  ++changes_;
+  membershipChanges().add();
+  const double sec = secondsSince(start);
+  log(fmt::format("membership: {} -> {} ranks (job ranks {}); {} joined at step {}, state handed over in {:.2f} s",
+                  before, world_, fmt::join(comm_->jobRanks(), ","), world_ - before, *step, sec));
+  return Status();
 }
 
 void Run::keepRange(std::size_t begin, std::size_t end) {
@@ -576,19 +642,13 @@ Status Run::adoptState(int source) {
   return checkSameOnEveryRank(sync_, sha256({all}), "the state adopted after a membership change");
 }
 
-Status Run::elasticRun(const std::function<Status()>& op, std::int64_t done) {
-  auto since = Clock::now();
-  Status st = op();
-  for (int attempt = 0; !st.isOk() && attempt < 4; ++attempt) {
-    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t agreed, recover(st, done, since));
-    since = Clock::now();
-    if (agreed != done) {
-      return internalError("after a membership change the survivors hold step {}, this rank {} (outside a step)",
-                           agreed, done);
-    }
-    st = op();
-  }
-  return st;
+Result<bool> Run::atBoundary(const std::function<Status()>& op, std::int64_t position, std::int64_t* agreed) {
+  const auto since = Clock::now();
+  const Status st = op();
+  if (st.isOk()) return false;
+  if (st.code() == StatusCode::kInvalidArgument) return st;  // the op's own verdict, no loss
+  MERIDIAN_ASSIGN_OR_RETURN(*agreed, recover(st, position, since));
+  return true;
 }
 
 Status Run::checkFiniteEverywhere(std::int64_t step, const std::vector<CheckpointSection>& sections) {
@@ -725,9 +785,13 @@ Status Run::loadData() {
   } else {
     loaded = d.status();
   }
-  MERIDIAN_RETURN_IF_ERROR(agreeOnFailure(loaded, "could not load the data"));
+  // A joiner checks its data in welcome(), with the members.
+  if (ctx_.joined && !loaded.isOk()) return loaded;
+  if (!ctx_.joined) MERIDIAN_RETURN_IF_ERROR(agreeOnFailure(loaded, "could not load the data"));
   const Sha256 trainDigest = datasetDigest(train_), testDigest = datasetDigest(test_);
-  return checkSameOnEveryRank(sync_, sha256({trainDigest, testDigest}), fmt::format("data (decoded from {})", dir));
+  dataDigest_ = sha256({trainDigest, testDigest});
+  if (ctx_.joined) return Status();
+  return checkSameOnEveryRank(sync_, dataDigest_, fmt::format("data (decoded from {})", dir));
 }
 
 std::pair<std::uint64_t, std::uint64_t> Run::transportBytes() const {
@@ -748,7 +812,8 @@ std::pair<std::uint64_t, std::uint64_t> Run::transportBytes() const {
 }
 
 Result<TrainSummary> Run::go() {
-  MERIDIAN_RETURN_IF_ERROR(checkConfig(cfg_, world_));
+  // A joiner's world is whatever the members had plus it: the batch need not divide it.
+  MERIDIAN_RETURN_IF_ERROR(checkConfig(cfg_, ctx_.joined ? 1 : world_));
   MERIDIAN_RETURN_IF_ERROR(loadData());
   if (static_cast<std::size_t>(cfg_.model.widths.front()) != train_.features() ||
       cfg_.model.widths.back() != train_.classes)
@@ -776,7 +841,7 @@ Result<TrainSummary> Run::go() {
     MERIDIAN_ASSIGN_OR_RETURN(const CheckpointSecret secret, checkpointSecretFromEnvironment(cfg_.checkpointDir));
     checkpointKey_ = checkpointKey(secret.secret);
   }
-  if (cfg_.resume) {
+  if (cfg_.resume && !ctx_.joined) {
     if (cfg_.checkpointDir.empty()) return invalidArgument("--resume needs --checkpoint-dir");
     MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t from, resume());
     if (from < 0) {
@@ -796,12 +861,28 @@ Result<TrainSummary> Run::go() {
   TrainSummary sum;
   sum.computeNice = nice_;
   sum.startWorldSize = world_;
+  worldSizes_.assign(1, world_);
+  if (ctx_.joined) {
+    // The members are in their welcome at a step boundary: the step and the state come from
+    // rank 0.
+    MERIDIAN_RETURN_IF_ERROR(welcome(&step));
+    log(fmt::format("joined at step {} as rank {} of {}", step, rank_, world_));
+  }
   // The one-rank baseline: rank 0 alone on the machine while the others wait.
-  {
+  if (!ctx_.joined) {
     const std::vector<std::uint32_t> first = epochPermutation(train_.count, cfg_.seed, 0);
-    if (sync_ != nullptr) MERIDIAN_RETURN_IF_ERROR(elasticRun([&] { return sync_->barrier(); }, step));
-    if (rank_ == 0) sum.oneRankSamplesPerSec = cfg_.globalBatch / oneRankStepSec(first);
-    if (sync_ != nullptr) MERIDIAN_RETURN_IF_ERROR(elasticRun([&] { return sync_->barrier(); }, step));
+    // Cut by a lost rank, the baseline is dropped (0 in the summary): the survivors go on
+    // from step `step` at once.
+    std::int64_t agreed = 0;
+    bool cut = false;
+    if (sync_ != nullptr) {
+      MERIDIAN_ASSIGN_OR_RETURN(cut, atBoundary([&] { return sync_->barrier(); }, 2 * step, &agreed));
+    }
+    if (!cut && rank_ == 0) sum.oneRankSamplesPerSec = cfg_.globalBatch / oneRankStepSec(first);
+    if (!cut && sync_ != nullptr) {
+      MERIDIAN_ASSIGN_OR_RETURN(cut, atBoundary([&] { return sync_->barrier(); }, 2 * step, &agreed));
+    }
+    if (cut && agreed != 2 * step) return internalError("a rank finished a step before the others started");
   }
   const std::int64_t firstStep = step;
   std::int64_t cachedEpoch = -1;
@@ -813,28 +894,36 @@ Result<TrainSummary> Run::go() {
   std::uint64_t payload = 0;
   const int evalEvery = cfg_.evalEvery > 0 ? cfg_.evalEvery : static_cast<int>(stepsPerEpoch);
 
+  // Elastic: where a recovery puts this rank, the same on every survivor (see recover).
+  bool outerPending = false;
+  auto jumpTo = [&](std::int64_t position) {
+    step = (position + 1) / 2;
+    outerPending = position % 2 == 1;
+  };
   while (step < totalSteps) {
+    kernels::LossStats stats;
+    double compute = 0, comm = 0;
+    int rows = 0;
+    if (!outerPending) {
     const std::int64_t epoch = step / stepsPerEpoch;
     if (epoch != cachedEpoch) {
       order = epochPermutation(train_.count, cfg_.seed, static_cast<std::uint64_t>(epoch));
       cachedEpoch = epoch;
     }
     const auto t0 = Clock::now();
-    const int rows = localBatch();
+    rows = localBatch();
     const std::size_t at = static_cast<std::size_t>(step % stepsPerEpoch) * static_cast<std::size_t>(cfg_.globalBatch) +
                            static_cast<std::size_t>(batchBegin());
     fillBatch(*model_, train_, order.data() + at, rows);
     // This rank's share of the global batch weighs its gradient (1 while the world divides
     // the batch), so the average over ranks is the mean over the global batch.
     const float share = static_cast<float>(static_cast<double>(rows) * world_ / cfg_.globalBatch);
-    kernels::LossStats stats;
     if (gradSync_) {
       stats = model_->forwardBackward(rows, share, [&](int layer) { gradSync_->onLayerDone(layer); });
     } else {
       stats = model_->forwardBackward(rows, share, nullptr);
     }
-    double compute = secondsSince(t0);
-    double comm = 0;
+    compute = secondsSince(t0);
     // The optimizer steps each bucket as soon as it is averaged (DDP), overlapping the
     // buckets still on the wire; its time counts as compute, the rest of the wait as comm.
     double optimizerSec = 0;
@@ -854,8 +943,9 @@ Result<TrainSummary> Run::go() {
         // the state of the step before, whole.
         restoreRanges();
         opt_->setSteps(optimizerSteps);
-        MERIDIAN_ASSIGN_OR_RETURN(step, recover(synced, step, t0));
-        continue;  // the step again, on the survivors
+        MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t agreed, recover(synced, 2 * step, t0));
+        jumpTo(agreed);
+        continue;  // the step again, on the survivors (or from where the one furthest ahead is)
       }
       comm += std::max(0.0, secondsSince(tw) - optimizerSec);
       payload += gradSync_->payloadBytesPerStep();
@@ -864,19 +954,22 @@ Result<TrainSummary> Run::go() {
     }
     compute += optimizerSec;
     ++step;
+    }  // the inner step
+    const bool resumed = outerPending;
+    outerPending = false;
     if (outerSync_ && (step % cfg_.innerSteps == 0 || step == totalSteps)) {
       const auto ts = Clock::now();
-      Status synced = outerSync_->sync();
       // Cut by a lost rank: again on the survivors, unless one of them finished it (then
-      // every survivor took its state, the outer step included).
-      while (!synced.isOk()) {
-        MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t agreed, recover(synced, step - 1, ts));
-        synced = agreed == step - 1 ? outerSync_->sync() : Status();
-        step = std::max(step, agreed);
+      // every survivor took its state, the outer step included, and goes on from there).
+      if (const Status synced = outerSync_->sync(); !synced.isOk()) {
+        MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t agreed, recover(synced, 2 * step - 1, ts));
+        jumpTo(agreed);
+        continue;
       }
       comm += secondsSince(ts);
       payload += outerSync_->payloadBytesPerSync();
     }
+    if (resumed) continue;  // this step's figures went with the cut
     // The loss is on the host already: a free check every step. Weights that went bad show
     // here by the next step at the latest; peers stop when this rank leaves their collective.
     if (!std::isfinite(stats.lossSum))
@@ -912,9 +1005,16 @@ Result<TrainSummary> Run::go() {
       intervalSteps = 0;
       intervalStart = Clock::now();
     }
+    // At the boundary, each collective cut by a lost rank is dropped for this boundary: the
+    // survivors go on from the same point (the next step, or where the one furthest ahead is).
+    std::int64_t agreed = 0;
     if (step % evalEvery == 0 && step != totalSteps) {
       double acc = 0, loss = 0;
-      MERIDIAN_RETURN_IF_ERROR(elasticRun([&] { return evaluate(&acc, &loss); }, step));
+      MERIDIAN_ASSIGN_OR_RETURN(const bool cut, atBoundary([&] { return evaluate(&acc, &loss); }, 2 * step, &agreed));
+      if (cut) {
+        jumpTo(agreed);
+        continue;
+      }
       // Summed over every rank: all of them stop here together. Finite weights can still
       // be large enough to overflow the forward pass; they are no checkpoint to keep.
       if (!std::isfinite(loss)) return diverged(step, fmt::format("the test loss is {}", loss));
@@ -929,42 +1029,65 @@ Result<TrainSummary> Run::go() {
         }
       }
     }
-    if (!cfg_.checkpointDir.empty() && cfg_.checkpointEvery > 0 && step % cfg_.checkpointEvery == 0 && step != totalSteps)
-      MERIDIAN_RETURN_IF_ERROR(elasticRun([&] { return saveCheckpoint(step); }, step));
+    if (!cfg_.checkpointDir.empty() && cfg_.checkpointEvery > 0 && step % cfg_.checkpointEvery == 0 && step != totalSteps) {
+      MERIDIAN_ASSIGN_OR_RETURN(const bool cut, atBoundary([&] { return saveCheckpoint(step); }, 2 * step, &agreed));
+      if (cut) {
+        jumpTo(agreed);
+        continue;
+      }
+    }
+    // A step boundary every member agrees on: ranks waiting to join come in here.
+    if (elastic() && cfg_.joinCheckEvery > 0 && step % cfg_.joinCheckEvery == 0 && step != totalSteps) {
+      const std::int64_t boundary = step;
+      MERIDIAN_ASSIGN_OR_RETURN(const bool cut, atBoundary([&] { return admitJoiners(&step); }, 2 * step, &agreed));
+      if (cut) {
+        jumpTo(agreed);
+        continue;
+      }
+      if (step != boundary) return internalError("ranks joined at step {} while this rank was at step {}", step, boundary);
+    }
   }
   backend_.synchronize();
   sum.wallSec = secondsSince(start);
   sum.steps = step - firstStep;
   sum.finalStep = step;
   sum.samplesPerSec = static_cast<double>(sum.steps) * cfg_.globalBatch / std::max(sum.wallSec, 1e-9);
-  MERIDIAN_RETURN_IF_ERROR(elasticRun([&] { return evaluate(&sum.testAccuracy, &sum.testLoss); }, step));
-  if (!std::isfinite(sum.testLoss)) return diverged(step, fmt::format("the test loss is {}", sum.testLoss));
+  // The end: an evaluation, the last checkpoint (or the finite check) and the byte totals,
+  // all collectives. Cut by a lost rank, the whole of it runs again on the survivors.
+  std::uint64_t totals[3];
+  auto finish = [&]() -> Status {
+    MERIDIAN_RETURN_IF_ERROR(evaluate(&sum.testAccuracy, &sum.testLoss));
+    if (!std::isfinite(sum.testLoss)) return diverged(step, fmt::format("the test loss is {}", sum.testLoss));
+    if (!cfg_.checkpointDir.empty() && sum.steps > 0) {
+      MERIDIAN_RETURN_IF_ERROR(saveCheckpoint(step));
+    } else {
+      MERIDIAN_RETURN_IF_ERROR(
+          checkFiniteEverywhere(step, {{"params", bytesOf(backend_, model_->params(), model_->paramCount())}}));
+    }
+    std::tie(sum.bytesSent, sum.bytesCrossRegion) = transportBytes();
+    totals[0] = sum.bytesSent, totals[1] = sum.bytesCrossRegion, totals[2] = payload;
+    if (sync_ != nullptr) {
+      MERIDIAN_RETURN_IF_ERROR(sync_->allreduce(totals, 3, kernels::DataType::kI64, kernels::ReduceOp::kSum));
+    }
+    return Status();
+  };
+  Status ended = finish();
+  for (int attempt = 0; !ended.isOk() && attempt < 4 && elastic(); ++attempt) {
+    if (ended.code() == StatusCode::kInvalidArgument) break;  // diverged: no loss behind it
+    std::int64_t agreed = 0;
+    MERIDIAN_ASSIGN_OR_RETURN(const bool cut, atBoundary([&] { return ended; }, 2 * step, &agreed));
+    if (cut && agreed != 2 * step) {
+      return internalError("after a membership change at the end the survivors are at step {}, this rank at {}",
+                           (agreed + 1) / 2, step);
+    }
+    ended = finish();
+  }
+  MERIDIAN_RETURN_IF_ERROR(ended);
   metrics.testAccuracy.set(sum.testAccuracy);
   if (cfg_.targetAccuracy > 0 && sum.timeToTargetSec < 0 && sum.testAccuracy >= cfg_.targetAccuracy)
     sum.timeToTargetSec = sum.wallSec;
-  if (!cfg_.checkpointDir.empty() && sum.steps > 0) {
-    MERIDIAN_RETURN_IF_ERROR(elasticRun([&] { return saveCheckpoint(step); }, step));
-  } else {
-    MERIDIAN_RETURN_IF_ERROR(elasticRun(
-        [&] {
-          return checkFiniteEverywhere(step, {{"params", bytesOf(backend_, model_->params(), model_->paramCount())}});
-        },
-        step));
-  }
-  std::tie(sum.bytesSent, sum.bytesCrossRegion) = transportBytes();
   sum.payloadBytes = payload;
   metrics.payloadBytes.add(payload);
-  std::uint64_t totals[3];
-  if (sync_ != nullptr) {
-    MERIDIAN_RETURN_IF_ERROR(elasticRun(
-        [&] {
-          totals[0] = sum.bytesSent, totals[1] = sum.bytesCrossRegion, totals[2] = sum.payloadBytes;
-          return sync_->allreduce(totals, 3, kernels::DataType::kI64, kernels::ReduceOp::kSum);
-        },
-        step));
-  } else {
-    totals[0] = sum.bytesSent, totals[1] = sum.bytesCrossRegion, totals[2] = sum.payloadBytes;
-  }
   sum.worldBytesSent = totals[0];
   sum.worldBytesCrossRegion = totals[1];
   sum.worldPayloadBytes = totals[2];
@@ -972,6 +1095,7 @@ Result<TrainSummary> Run::go() {
   sum.rank = rank_;
   sum.membershipChanges = changes_;
   sum.recoverySec = recoverySec_;
+  sum.worldSizes = worldSizes_;
   sum.regionCount = regionOf_.empty() ? 0 : *std::max_element(regionOf_.begin(), regionOf_.end()) + 1;
   sum.params.resize(model_->paramCount());
   backend_.copyToHost(sum.params.data(), model_->params(), sum.params.size() * sizeof(float));

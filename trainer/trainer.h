@@ -24,6 +24,9 @@
 // is stepped early), so every survivor holds the state after its last whole step; the
 // survivors adopt the state of the one furthest ahead (checked by digest) and redo the
 // step that was cut. DiLoCo redoes the outer sync that was cut. Hybrid is not elastic yet.
+// Every joinCheckEvery steps the members admit the ranks waiting to join (a process started
+// with --join, or a rank that was left out and asks again), which take the step and the
+// state from rank 0 and train on from there.
 //
 // Integrity: ranks check that they loaded the same data (a SHA-256 of the decoded sets,
 // compared across ranks) and, after a resume, the same replicated weights. A training
@@ -91,6 +94,9 @@ struct TrainConfig {
   double targetAccuracy = 0;  // in (0, 1]: report the time the test accuracy first reached it; 0: none
   bool stopAtTarget = false;  // and stop there (every rank sees the same accuracy)
   bool quiet = false;         // no progress lines
+  // Elastic: steps between the members' checks for ranks waiting to join (a broadcast of 8
+  // bytes from rank 0); 0: nobody is admitted.
+  int joinCheckEvery = 25;
   // Nice value for the thread that computes (0..19), set once the communicator's threads
   // run, so that they go first when cores are short (the CPU side of NCCL's high-priority
   // stream); -1: auto, kAutoComputeNice when this host's ranks outnumber its cores, else 0.
@@ -128,6 +134,7 @@ struct TrainSummary {
   int startWorldSize = 1;
   int membershipChanges = 0;
   double recoverySec = 0;
+  std::vector<int> worldSizes;   // the world size after each membership change, the first one first
   std::vector<float> params;     // the final parameters (host copy), for tests and tools
 };
 
@@ -141,6 +148,12 @@ struct TrainContext {
   SyncComm* external = nullptr;
   bootstrap::Store* store = nullptr;
   collectives::CommOptions commOptions;  // for the region communicators
+  // comm came from Communicator::join (meridian-train --join): the members hand this rank
+  // the step and the state (docs/elastic.md) instead of it starting from the seed.
+  bool joined = false;
+  // Elastic: where a rank the others went on without asks to join again (the job's store,
+  // MERIDIAN_STORE); empty: it stops instead.
+  std::string rejoinStore;
 };
 
 // The checks that need no data and no peers (batch divisible by the world size, option

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -152,8 +153,10 @@ TEST_F(TrainProcessTest, RanksDieWithTheirLauncher) {
 
 // Elastic training (issue 28): one of 4 local ranks killed with SIGKILL while training. The
 // survivors agree on the membership, take the successor communicator and go on from the
-// step that was cut, with the same global batch: the run ends at its last step, exit 0,
-// and within a point of the undisturbed run's accuracy (same seed, same samples).
+// step that was cut, with the same global batch. A process started with --join (the lost
+// rank's store, secret and job rank) is admitted at a later step boundary and takes the
+// state. The run ends at its last step on 4 ranks, exit 0 (the joiner too), within a point
+// of the undisturbed run's accuracy (same seed, same samples).
 class ElasticTrainTest : public TrainProcessTest, public ::testing::WithParamInterface<const char*> {};
 
 TEST_P(ElasticTrainTest, ARankKilledMidRunTheOthersFinishTheRun) {
@@ -178,12 +181,18 @@ TEST_P(ElasticTrainTest, ARankKilledMidRunTheOthersFinishTheRun) {
   }
   // Rank 2 dies once rank 0 has said step 300 (while all are training).
   pid_t victim = -1;
+  std::string joinEnv;  // the victim's MERIDIAN_STORE and MERIDIAN_SECRET, for the joiner
   auto findVictim = [&] {
     std::ifstream children("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
     for (pid_t c; children >> c;) {
       std::ifstream env("/proc/" + std::to_string(c) + "/environ");
       std::string all((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
-      if (all.find(std::string("MERIDIAN_RANK=2") + '\0') != std::string::npos) victim = c;
+      if (all.find(std::string("MERIDIAN_RANK=2") + '\0') == std::string::npos) continue;
+      victim = c;
+      std::istringstream vars(all);
+      for (std::string v; std::getline(vars, v, '\0');) {
+        if (v.rfind("MERIDIAN_STORE=", 0) == 0 || v.rfind("MERIDIAN_SECRET=", 0) == 0) joinEnv += "'" + v + "' ";
+      }
     }
   };
   const bool reached = pollUntil(
@@ -196,6 +205,9 @@ TEST_P(ElasticTrainTest, ARankKilledMidRunTheOthersFinishTheRun) {
   findVictim();
   ASSERT_TRUE(reached && victim > 0 && !processEnded(pid)) << "the run ended before a rank could be killed";
   ::kill(victim, SIGKILL);
+  auto joiner = runShell("env " + joinEnv + "MERIDIAN_RANK=2 MERIDIAN_METRICS_ADDR=0 " + std::string(MERIDIAN_TRAIN_BIN) +
+                         " --join --quiet " + common.substr(common.find("--data-dir")));
+  EXPECT_EQ(joiner.code, 0) << joiner.output;
   int status = 0;
   ASSERT_TRUE(pollUntil([&] { return ::waitpid(pid, &status, WNOHANG) == pid; }, std::chrono::seconds(180)))
       << "the survivors did not finish";
@@ -203,19 +215,21 @@ TEST_P(ElasticTrainTest, ARankKilledMidRunTheOthersFinishTheRun) {
   const std::string text((std::istreambuf_iterator<char>(o)), std::istreambuf_iterator<char>());
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << text;
   EXPECT_NE(text.find("membership: 4 -> 3 ranks (job ranks 0,1,3)"), std::string::npos) << text;
+  EXPECT_NE(text.find("membership: 3 -> 4 ranks (job ranks 0,1,3,2); 1 joined"), std::string::npos) << text;
   std::ifstream a(dir_ + "/straight.json"), b(json);
   auto ja = nlohmann::json::parse(a, nullptr, false);
   auto jb = nlohmann::json::parse(b, nullptr, false);
   ASSERT_FALSE(ja.is_discarded() || jb.is_discarded()) << text;
   EXPECT_EQ(jb["final_step"], 1500);
   EXPECT_EQ(jb["start_ranks"], 4);
-  EXPECT_EQ(jb["ranks"], 3);
-  EXPECT_EQ(jb["membership_changes"], 1);
+  EXPECT_EQ(jb["ranks"], 4);
+  EXPECT_EQ(jb["membership_changes"], 2);
+  EXPECT_EQ(jb["world_sizes"], nlohmann::json::array({4, 3, 4}));
   EXPECT_LT(jb["recovery_s"].get<double>(), 5.0);
   // Within a point: summation order alone moves this run's accuracy that much (undisturbed,
   // the same samples and steps: 86.32% on 1 rank, 86.22% on 2, 86.82% on 4).
   EXPECT_NEAR(jb["test_accuracy"].get<double>(), ja["test_accuracy"].get<double>(), 0.01) << text;
-  std::printf("[ figures  ] %s: test accuracy %.2f%% undisturbed, %.2f%% with rank 2 killed; %.3f s recovering; "
+  std::printf("[ figures  ] %s: test accuracy %.2f%% undisturbed, %.2f%% with rank 2 killed and back; %.3f s recovering; "
               "wall %.2f s vs %.2f s\n",
               GetParam(), 100 * ja["test_accuracy"].get<double>(), 100 * jb["test_accuracy"].get<double>(),
               jb["recovery_s"].get<double>(), ja["wall_s"].get<double>(), jb["wall_s"].get<double>());
