@@ -416,6 +416,7 @@ Status Communicator::startRouting(bootstrap::Store& store, const std::string& ba
     rc.regionNames = regionNames_;
     rc.startEpoch = epoch_;
     rc.onView = [this](const bootstrap::membership::View& v, bool evicted) { onView(v, evicted); };
+    rc.onCutOff = [this](std::size_t reachable, const bootstrap::membership::View& v) { onCutOff(reachable, v); };
     if (relay_) {
       rc.openRelay = [this](int peer, int via, int plane) {
         transport::RelaySpec spec{sessionId_, rank_, peer, via, peerEndpoints_[static_cast<std::size_t>(via)], plane};
@@ -656,7 +657,10 @@ void Communicator::execute(Op& op) {
       markBroken(st);
       // Elastic: the channels to the survivors carry the agreement and the successor's
       // rendezvous, so they stay up until the successor is built.
-      if (elastic_ && awaitRecovery()) st = brokenStatus();
+      if (elastic_) {
+        (void)awaitRecovery();
+        st = brokenStatus();  // the one reason every survivor gives (aborted, cut off, or the op's own)
+      }
       abortTransport(commError("communicator broken: {}", st.toString()));
     } else if (!isCollective(op.kind)) {
       for (auto& req : opRequests_.takeUnfinished()) deferred_.push_back(std::move(req));
@@ -704,6 +708,44 @@ void Communicator::onView(const bootstrap::membership::View& view, bool evicted)
   recoveryThread_ = std::thread([this, view, evicted] { recover(view, evicted); });
 }
 
+void Communicator::retire() {
+  markBroken(commError("retired: a successor communicator took over"), /*replace=*/false);
+  if (control_) control_->quiesce();  // the others retiring theirs is no news
+  stopTransport();
+}
+
+void Communicator::abandonPeers(const std::vector<int>& peers) {
+  std::lock_guard<std::mutex> once(transportMu_);
+  if (transportStopped_ || !device_) return;
+  for (int p : peers) {
+    if (p != rank_) (void)device_->abandonChannel(sessionId_, p, peerError("rank {} is lost", p));
+  }
+}
+
+void Communicator::onCutOff(std::size_t reachable, const bootstrap::membership::View& view) {
+  if (!elastic_) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_ || recovery_ != Recovery::kNone) return;
+  recovery_ = Recovery::kRunning;
+  const std::string jobView = fmt::format("epoch {} {{{}}}", view.epoch, membersOf(jobRanks_, view.members));
+  recoveryThread_ = std::thread([this, reachable, jobView, n = view.members.size()] {
+    pthread_setname_np(pthread_self(), "mer-recover");
+    if (control_) control_->quiesce();
+    const Status why = commError("cut off: this rank reaches {} of the {} members of membership {}, fewer than a "
+                                 "majority (the others go on without it; it may join again)",
+                                 reachable, n, jobView);
+    markBroken(why, /*replace=*/true);
+    std::vector<int> others;
+    for (int r = 0; r < size_; ++r) others.push_back(r);
+    abandonPeers(others);  // none of them answers from here
+    stopTransport();       // the op in flight waits on peers that cannot answer: it fails now
+    std::lock_guard<std::mutex> done(mu_);
+    recoveryError_ = why;
+    recovery_ = Recovery::kFailed;
+    cv_.notify_all();
+  });
+}
+
 void Communicator::recover(bootstrap::membership::View view, bool evicted) {
   pthread_setname_np(pthread_self(), "mer-recover");
   if (control_) control_->quiesce();
@@ -732,7 +774,9 @@ void Communicator::recover(bootstrap::membership::View view, bool evicted) {
     }
   }
   // Every survivor is in the successor's set-up by now (it finished only once all were),
-  // so this communicator's channels have said all they had to.
+  // so this communicator's channels have said all they had to. The lost ranks' channels are
+  // given up first: closing does not wait on peers that cannot answer.
+  abandonPeers(lost);
   stopTransport();
   std::lock_guard<std::mutex> lock(mu_);
   if (next.isOk()) {
@@ -844,6 +888,10 @@ std::string joinAdmissionKey(std::int64_t ticket) { return fmt::format("meridian
 constexpr std::size_t kMaxAdmissionBytes = std::size_t{1} << 20;
 // How long rank 0 waits for a counted request to appear (the joiner sets it right after).
 constexpr auto kJoinRequestWait = std::chrono::seconds(5);
+// A joiner tries the job's store this long at a time, and gives up once it refused
+// connections for kJoinRefusedFor.
+constexpr auto kJoinAttempt = std::chrono::seconds(2);
+constexpr auto kJoinRefusedFor = std::chrono::seconds(10);
 
 std::vector<std::uint8_t> bytesOfText(const std::string& text) { return {text.begin(), text.end()}; }
 
@@ -897,7 +945,26 @@ Result<std::unique_ptr<Communicator>> Communicator::join(const std::string& stor
   if (opts.localAddresses.empty()) opts.localAddresses = splitCommaList(knobString(knobs::kPaths));
   if (opts.localAddresses.empty()) opts.localAddresses = {"127.0.0.1"};
   auto root = std::make_unique<Owned>();
-  MERIDIAN_ASSIGN_OR_RETURN(root->store, bootstrap::TcpStore::connect(storeAddress, opts.secret, deadline));
+  // The job's store exists already: unreachable (a cut network) is waited out until the
+  // deadline, but a store refusing connections for a while means the job is over (or its
+  // host is gone), and waiting longer helps nobody.
+  for (TimePoint refusedSince = TimePoint::max();;) {
+    auto store = bootstrap::TcpStore::connect(storeAddress, opts.secret, std::min(deadline, Clock::now() + kJoinAttempt));
+    if (store.isOk()) {
+      root->store = std::move(store).value();
+      break;
+    }
+    const TimePoint now = Clock::now();
+    if (store.status().message().find("refused") == std::string::npos) {
+      refusedSince = TimePoint::max();
+    } else if (refusedSince == TimePoint::max()) {
+      refusedSince = now;
+    } else if (now - refusedSince > kJoinRefusedFor) {
+      return peerError("the job's store at {} has refused connections for {} s: the job is over, or its host is gone",
+                       storeAddress, std::chrono::duration_cast<std::chrono::seconds>(kJoinRefusedFor).count());
+    }
+    if (now >= deadline) return store.status().withContext("joining the job");
+  }
   MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t ticket, root->store->add(std::string(kJoinCount), 1));
   MERIDIAN_RETURN_IF_ERROR(
       root->store->set(joinRequestKey(ticket), bytesOfText(nlohmann::json{{"job_rank", jobRank}}.dump())));

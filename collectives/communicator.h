@@ -179,6 +179,10 @@ class Communicator {
   // grown one could not be built on every member by `deadline`, the members go on with it
   // (the error says why); otherwise the caller retires it.
   Result<std::unique_ptr<Communicator>> admitJoiners(TimePoint deadline);
+  // The caller went over to a successor (after admitJoiners, or one the survivors built) and
+  // has no op in flight here: this communicator stops (its peers see it leave, not fail),
+  // and later ops fail saying so. Idempotent.
+  void retire();
   // Every rank's latest row of the link-state table (empty rows without routing).
   routing::LinkStateTable linkState() const;
   // Regions as routing sees them (named, or inferred from RTTs).
@@ -264,8 +268,13 @@ class Communicator {
   void abortTransport(const Status& why);
   // The first half of that, from any thread, once.
   void stopTransport();
+  // Fails the channels to `peers` at once (lost ranks: closing must not wait on them).
+  void abandonPeers(const std::vector<int>& peers);
   // Elastic: the control thread agreed on `view` (this rank in it unless `evicted`).
   void onView(const bootstrap::membership::View& view, bool evicted);
+  // Elastic: this rank reaches fewer than a majority (control thread). It stops: its ops fail,
+  // and successor() says it was cut off (the caller may join again).
+  void onCutOff(std::size_t reachable, const bootstrap::membership::View& view);
   // The recovery thread: builds the successor over `view`, then stops this communicator.
   void recover(bootstrap::membership::View view, bool evicted);
   Result<std::unique_ptr<Communicator>> buildSuccessor(const bootstrap::membership::View& view, TimePoint deadline);

@@ -29,6 +29,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -73,6 +74,10 @@ struct RoutingControlOptions {
   // rank). It must not stop this object (hand the work to another thread).
   std::uint64_t startEpoch = 0;
   std::function<void(const bootstrap::membership::View& view, bool evicted)> onView;
+  // Called once, on the control thread, when the ranks this one declared lost leave fewer
+  // than a majority of the view reachable (its own side of a partition cannot agree on
+  // anything): `reachable` counts this rank too.
+  std::function<void(std::size_t reachable, const bootstrap::membership::View& view)> onCutOff;
 };
 
 class RoutingControl {
@@ -160,6 +165,8 @@ class RoutingControl {
   bootstrap::membership::Agent agent_;
   std::uint64_t agentChanges_ = 0;
   std::atomic<bool> quiesced_{false};
+  std::set<int> lostSet_;     // the peers declared lost (failed, not left)
+  bool cutOffSaid_ = false;
 
   mutable std::mutex mu_;
   routing::LinkStateTable table_;

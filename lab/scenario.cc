@@ -33,6 +33,8 @@ const char* kindName(ScenarioEvent::Kind k) {
     case ScenarioEvent::Kind::kDegrade: return "degrade";
     case ScenarioEvent::Kind::kCut: return "cut";
     case ScenarioEvent::Kind::kRestore: return "restore";
+    case ScenarioEvent::Kind::kIsolate: return "isolate";
+    case ScenarioEvent::Kind::kReconnect: return "reconnect";
     case ScenarioEvent::Kind::kCrossTraffic: return "cross-traffic";
   }
   return "?";
@@ -61,12 +63,28 @@ Result<ScenarioEvent> parseEvent(const Where& w, const YAML::Node& item, const T
       e.kind = ScenarioEvent::Kind::kRestore;
     } else if (key == "cross-traffic") {
       e.kind = ScenarioEvent::Kind::kCrossTraffic;
+    } else if (key == "isolate") {
+      e.kind = ScenarioEvent::Kind::kIsolate;
+    } else if (key == "reconnect") {
+      e.kind = ScenarioEvent::Kind::kReconnect;
     } else {
-      return w.error(kv.first, fmt::format("unknown action '{}' (expected degrade, cut, restore, cross-traffic)", key));
+      return w.error(kv.first, fmt::format(
+                                   "unknown action '{}' (expected degrade, cut, restore, cross-traffic, isolate, reconnect)", key));
     }
   }
   if (actions != 1) return w.error(item, "an event needs exactly one action besides 'at'");
   if (!body.IsMap()) return w.error(body, fmt::format("{} takes a map", kindName(e.kind)));
+  if (e.kind == ScenarioEvent::Kind::kIsolate || e.kind == ScenarioEvent::Kind::kReconnect) {
+    for (const auto& kv : body) {
+      if (kv.first.as<std::string>() != "region") {
+        return w.error(kv.first, fmt::format("{} takes only region, not '{}'", kindName(e.kind), kv.first.as<std::string>()));
+      }
+    }
+    MERIDIAN_ASSIGN_OR_RETURN(e.src, scalar(w, body, "region"));
+    if (auto r = t.findRegion(e.src); !r.isOk()) return w.error(body, r.status().message());
+    if (t.regions.size() < 2) return w.error(body, "a topology of one region has nothing to isolate it from");
+    return e;
+  }
   MERIDIAN_ASSIGN_OR_RETURN(e.plane, scalar(w, body, "plane"));
   if (auto p = t.findPlane(e.plane); !p.isOk()) return w.error(body, p.status().message());
 
@@ -153,6 +171,8 @@ std::string ScenarioEvent::describe() const {
     if (change.rateBitsPerSec) what += " rate " + formatRate(*change.rateBitsPerSec);
     if (change.queueBytes) what += " queue " + formatBytes(*change.queueBytes);
     if (change.loss) what += fmt::format(" loss {:g}%", *change.loss * 100);
+  } else if (kind == Kind::kIsolate || kind == Kind::kReconnect) {
+    what = fmt::format("{} {} (every plane, both ways, to every other region)", kindName(kind), src);
   } else if (kind == Kind::kCrossTraffic) {
     what = fmt::format("cross-traffic {} {} -> {} at {} for {:g} s", plane, src, dst, formatRate(rateBitsPerSec),
                        durationSec);
@@ -219,6 +239,18 @@ Status runScenario(const LabState& lab, const std::vector<ScenarioEvent>& events
       case ScenarioEvent::Kind::kDegrade:
       case ScenarioEvent::Kind::kCut: st = setLink(lab, e.plane, e.src, e.dst, e.change, e.bothWays).status(); break;
       case ScenarioEvent::Kind::kRestore: st = restoreLink(lab, e.plane, e.src, e.dst, e.bothWays).status(); break;
+      case ScenarioEvent::Kind::kIsolate:
+      case ScenarioEvent::Kind::kReconnect:
+        for (const Plane& plane : lab.topology.planes) {
+          for (const Region& other : lab.topology.regions) {
+            if (other.name == e.src || !st.isOk()) continue;
+            LinkChange cut;
+            cut.cut = true;
+            st = e.kind == ScenarioEvent::Kind::kIsolate ? setLink(lab, plane.name, e.src, other.name, cut, true).status()
+                                                        : restoreLink(lab, plane.name, e.src, other.name, true).status();
+          }
+        }
+        break;
       case ScenarioEvent::Kind::kCrossTraffic:
         flows.emplace_back([&lab, &flowsStop, e] {
           CrossTrafficOptions o{e.plane, e.src, e.dst, e.rateBitsPerSec, e.durationSec, 0, false};

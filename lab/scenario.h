@@ -9,6 +9,10 @@
 //       cut: {plane: wan-b, from: london, to: singapore}      # one direction
 //     - at: 15s
 //       restore: {plane: wan-a, between: [london, virginia]}
+//     - at: 20s
+//       isolate: {region: singapore}    # every plane, both ways, to every other region
+//     - at: 40s
+//       reconnect: {region: singapore}  # those links as the topology has them
 //
 // Times count from the start of the run. `between` changes both directions, `from`/`to`
 // one; degrade takes delay, jitter, rate, queue, loss; cross-traffic takes nodes or
@@ -26,11 +30,11 @@
 namespace meridian::lab {
 
 struct ScenarioEvent {
-  enum class Kind { kDegrade, kCut, kRestore, kCrossTraffic };
+  enum class Kind { kDegrade, kCut, kRestore, kCrossTraffic, kIsolate, kReconnect };
   Kind kind = Kind::kDegrade;
   int line = 0;
   double atSec = 0;
-  std::string plane, src, dst;
+  std::string plane, src, dst;  // isolate, reconnect: src is the region
   bool bothWays = true;
   LinkChange change;      // degrade
   double rateBitsPerSec = 0;  // cross-traffic

@@ -485,10 +485,19 @@ Status Run::agreeOnFailure(const Status& mine, std::string_view what) {
 }
 
 Status Run::bindTo(std::unique_ptr<Communicator> next) {
+  gradSync_.reset();  // its buckets were on the old communicator
+  Communicator* old = comm_;
   successors_.push_back(std::move(next));
   comm_ = successors_.back().get();
   worldSync_ = std::make_unique<MeridianSyncComm>(*comm_);
   sync_ = worldSync_.get();
+  if (outerSync_) outerSync_->rebind(sync_);
+  // The old one stops (nothing of this rank is in flight on it at a boundary or after a cut)
+  // and goes, unless the launcher owns it.
+  if (old != nullptr) {
+    old->retire();
+    std::erase_if(successors_, [&](const std::unique_ptr<Communicator>& c) { return c.get() == old; });
+  }
   rank_ = comm_->rank();
   world_ = comm_->size();
   worldSizes_.push_back(world_);
@@ -498,10 +507,8 @@ Status Run::bindTo(std::unique_ptr<Communicator> next) {
   regionOf_ = regions.regionOf.size() == static_cast<std::size_t>(world_) ? regions.regionOf : std::vector<int>{};
   if (cfg_.sync == SyncMode::kDdp) {
     const std::size_t bucketBytes = static_cast<std::size_t>(cfg_.bucketMb * 1024 * 1024);
-    gradSync_.reset();  // its buckets were on the old communicator
     MERIDIAN_ASSIGN_OR_RETURN(gradSync_, GradientSync::create(backend_, sync_, *model_, bucketBytes, cfg_.wire));
   }
-  if (outerSync_) outerSync_->rebind(sync_);
   return Status();
 }
 

@@ -184,6 +184,10 @@ class Device {
   virtual Result<MemoryRegion> registerMemory(const void* base, std::size_t bytes) = 0;
   virtual Status deregisterMemory(const MemoryRegion& region) = 0;
 
+  // The peer is gone for good (the others agreed it is lost): the channel fails now with
+  // `why`, and closing the device does not wait to deliver anything to it first.
+  virtual Status abandonChannel(std::uint64_t sessionId, int peerRank, const Status& why) = 0;
+
   // Test seam: abruptly fails path `pathIndex` of the channel to `peerRank` (a cable pull).
   virtual Status cutPath(std::uint64_t sessionId, int peerRank, int pathIndex) = 0;
 };

@@ -480,6 +480,17 @@ std::uint64_t MemoryDevice::registrations() const {
   return net_->devices.at(id_).cache->registrations();
 }
 
+Status MemoryDevice::abandonChannel(std::uint64_t sessionId, int peerRank, const Status& why) {
+  std::lock_guard lock(net_->mu);
+  for (auto& e : net_->entries) {
+    if (e->device == id_ && e->sessionId == sessionId && e->peerRank == peerRank) {
+      for (std::size_t p = 0; p < e->link->paths.size(); ++p) net_->failPath(*e->link, p, why, false);
+      return Status::ok();
+    }
+  }
+  return invalidArgument("no channel to rank {} in session {:x}", peerRank, sessionId);
+}
+
 Status MemoryDevice::cutPath(std::uint64_t sessionId, int peerRank, int pathIndex) {
   std::lock_guard lock(net_->mu);
   for (auto& e : net_->entries) {

@@ -94,6 +94,7 @@ class MemoryDevice final : public Device {
   Result<MemoryRegion> registerMemory(const void* base, std::size_t bytes) override;
   Status deregisterMemory(const MemoryRegion& region) override;
   Status cutPath(std::uint64_t sessionId, int peerRank, int pathIndex) override;
+  Status abandonChannel(std::uint64_t sessionId, int peerRank, const Status& why) override;
 
   // Backend registrations made so far (cache misses), for tests.
   std::uint64_t registrations() const;

@@ -461,6 +461,18 @@ Status TcpDevice::closeRelay(std::uint64_t sessionId, int peerRank) {
   return result;
 }
 
+Status TcpDevice::abandonChannel(std::uint64_t sessionId, int peerRank, const Status& why) {
+  Status result = invalidArgument("no channel to rank {} in session {:x}", peerRank, sessionId);
+  impl_->runOnProgress([&] {
+    for (auto& e : impl_->channels) {
+      if (e->sessionId != sessionId || e->peerRank != peerRank) continue;
+      if (!e->engine->failed()) e->engine->fail(why);
+      result = Status::ok();
+    }
+  });
+  return result;
+}
+
 Status TcpDevice::cutPath(std::uint64_t sessionId, int peerRank, int pathIndex) {
   Status result = invalidArgument("no channel to rank {} in session {:x} with path {}", peerRank, sessionId, pathIndex);
   impl_->runOnProgress([&] {

@@ -62,6 +62,7 @@ class TcpDevice final : public Device {
   Result<MemoryRegion> registerMemory(const void* base, std::size_t bytes) override;
   Status deregisterMemory(const MemoryRegion& region) override;
   Status cutPath(std::uint64_t sessionId, int peerRank, int pathIndex) override;
+  Status abandonChannel(std::uint64_t sessionId, int peerRank, const Status& why) override;
 
   // "ip:port" per path, in path order (what endpoint() encodes).
   const std::vector<std::string>& listenAddresses() const;
