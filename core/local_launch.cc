@@ -290,10 +290,9 @@ Result<int> launchLocalRanks(const LocalLaunchOptions& options) {
     }
     if (openOutputs == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  // Elastic: the job survived when the ranks that ended well are a majority of the job.
-  if (options.elastic && lostRanks > 0 && (worst != 0 || 2 * lostRanks >= options.ranks)) {
-    return std::max(worst, elasticWorst);
-  }
+  // Elastic: a rank ends well only once the job reached its end, so one that did says the job
+  // survived the ranks it lost (their places may have been taken by joiners started elsewhere).
+  if (options.elastic && lostRanks > 0 && lostRanks == options.ranks) return elasticWorst;
   return worst;
 }
 

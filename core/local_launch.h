@@ -44,8 +44,8 @@ struct LocalLaunchOptions {
   // runs unbound.
   bool bindCpus = false;
   // The job goes on without a rank that failed (an elastic job): the others are not stopped,
-  // and the launch succeeds when a majority of the ranks exited 0 (the survivors that
-  // agreed on the membership); the failed ranks are said once each.
+  // and the launch succeeds when the ranks that did not fail exited 0 (a rank ends well only
+  // once the job reached its end); the failed ranks are said once each.
   bool elastic = false;
 };
 

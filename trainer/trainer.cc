@@ -190,9 +190,6 @@ class Run {
     rank_ = sync_ != nullptr ? sync_->rank() : 0;
     world_ = sync_ != nullptr ? sync_->size() : 1;
   }
-  ~Run() {
-    for (float* p : kept_) backend_.free(p);
-  }
   Run(const Run&) = delete;
   Run& operator=(const Run&) = delete;
   Result<TrainSummary> go();
@@ -251,11 +248,6 @@ class Run {
   Result<std::int64_t> recover(const Status& failure, std::int64_t done, Clock::time_point since);
   // The survivors' state from `source` (params, optimizer, outer state), checked by digest.
   Status adoptState(int source);
-  // Elastic DDP: what the optimizer is about to overwrite in [begin, end) is kept until the
-  // step is whole (the buckets are still stepped as they arrive, overlapping the wire), and
-  // put back when a lost rank cut the step.
-  void keepRange(std::size_t begin, std::size_t end);
-  void restoreRanges();
   // Runs `op`, a collective at a boundary (an evaluation, a checkpoint, the joiners' check)
   // at `position`. True when a lost rank cut it: it is not run again, and every survivor goes
   // on from `*agreed` (recover).
@@ -284,9 +276,6 @@ class Run {
   double recoverySec_ = 0;
   std::vector<int> worldSizes_;
   Sha256 dataDigest_{};
-  // keepRange: params, first and second moments as they were before this step's buckets.
-  std::vector<float*> kept_;
-  std::vector<std::pair<std::size_t, std::size_t>> stepped_;
   int rank_ = 0;
   int world_ = 1;
   Dataset train_, test_;
@@ -600,30 +589,6 @@ Status Run::admitJoiners(std::int64_t* step) {
   return Status();
 }
 
-void Run::keepRange(std::size_t begin, std::size_t end) {
-  std::vector<float*> live{model_->params(), opt_->first()};
-  if (opt_->second() != nullptr) live.push_back(opt_->second());
-  if (kept_.empty()) {
-    for (std::size_t i = 0; i < live.size(); ++i) {
-      kept_.push_back(static_cast<float*>(backend_.alloc(model_->paramCount() * sizeof(float))));
-    }
-  }
-  for (std::size_t i = 0; i < live.size(); ++i) backend_.copy(kept_[i] + begin, live[i] + begin, end - begin);
-  stepped_.emplace_back(begin, end);
-}
-
-void Run::restoreRanges() {
-  std::vector<float*> live{model_->params(), opt_->first()};
-  if (opt_->second() != nullptr) live.push_back(opt_->second());
-  for (const auto& [begin, end] : stepped_) {
-    for (std::size_t i = 0; i < live.size() && i < kept_.size(); ++i) {
-      backend_.copy(live[i] + begin, kept_[i] + begin, end - begin);
-    }
-  }
-  stepped_.clear();
-  backend_.synchronize();
-}
-
 Status Run::adoptState(int source) {
   const std::size_t n = model_->paramCount();
   std::vector<float*> parts{model_->params(), opt_->first()};
@@ -842,6 +807,7 @@ Result<TrainSummary> Run::go() {
   MERIDIAN_RETURN_IF_ERROR(setUpSync());
   lowerComputePriority();
   Metrics metrics(rank_, cfg_.sync);
+  (void)membershipChanges();  // a series from the start (0), for the dashboard's membership panel
 
   std::int64_t step = 0;
   if (!cfg_.checkpointDir.empty()) {
@@ -936,25 +902,25 @@ Result<TrainSummary> Run::go() {
     double optimizerSec = 0;
     const std::int64_t optimizerSteps = opt_->steps();
     opt_->beginStep();
-    stepped_.clear();
     auto stepRange = [&](std::size_t begin, std::size_t end) {
       const auto to = Clock::now();
-      if (elastic()) keepRange(begin, end);
       opt_->stepRange(model_->params(), model_->grads(), begin, end);
       optimizerSec += secondsSince(to);
     };
+    // Elastic: a bucket is stepped only once every bucket was averaged, so a step cut by a
+    // lost rank leaves the state of the step before, whole.
+    std::vector<std::pair<std::size_t, std::size_t>> averaged;
+    auto collect = [&](std::size_t begin, std::size_t end) { averaged.emplace_back(begin, end); };
     if (gradSync_) {
       const auto tw = Clock::now();
-      if (const Status synced = gradSync_->finish(stepRange); !synced.isOk()) {
-        // Cut by a lost rank: the buckets stepped already are put back, so this rank holds
-        // the state of the step before, whole.
-        restoreRanges();
+      if (const Status synced = elastic() ? gradSync_->finish(collect) : gradSync_->finish(stepRange); !synced.isOk()) {
         opt_->setSteps(optimizerSteps);
         MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t agreed, recover(synced, 2 * step, t0));
         jumpTo(agreed);
         continue;  // the step again, on the survivors (or from where the one furthest ahead is)
       }
       comm += std::max(0.0, secondsSince(tw) - optimizerSec);
+      for (const auto& [begin, end] : averaged) stepRange(begin, end);
       payload += gradSync_->payloadBytesPerStep();
     } else {
       stepRange(0, model_->paramCount());
@@ -1070,6 +1036,12 @@ Result<TrainSummary> Run::go() {
     } else {
       MERIDIAN_RETURN_IF_ERROR(
           checkFiniteEverywhere(step, {{"params", bytesOf(backend_, model_->params(), model_->paramCount())}}));
+    }
+    // Elastic DDP: through every membership change the replicas must stay one model (every
+    // rank checks, joiners too: it is a collective).
+    if (elastic() && cfg_.sync == SyncMode::kDdp) {
+      MERIDIAN_RETURN_IF_ERROR(checkSameOnEveryRank(
+          sync_, sha256({bytesOf(backend_, model_->params(), model_->paramCount())}), "the replicas' weights at the end"));
     }
     std::tie(sum.bytesSent, sum.bytesCrossRegion) = transportBytes();
     totals[0] = sum.bytesSent, totals[1] = sum.bytesCrossRegion, totals[2] = payload;

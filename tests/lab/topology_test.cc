@@ -14,6 +14,7 @@
 #include <string>
 
 #include "lab/lab.h"
+#include "lab/scenario.h"
 
 namespace meridian::lab {
 namespace {
@@ -644,6 +645,41 @@ TEST(UnitsTest, FormattedValuesParseBackExactly) {
   for (std::uint64_t bytes : {0ull, 1ull, 1000ull, 1023ull, 1024ull, 1152ull, 1536ull, 2500000ull, 2097152ull,
                               6250000ull, 1073741824ull, 123456789ull, 5000000000ull}) {
     EXPECT_EQ(parseBytes(formatBytes(bytes)).value(), bytes) << formatBytes(bytes);
+  }
+}
+
+}  // namespace
+}  // namespace meridian::lab
+
+namespace meridian::lab {
+namespace {
+
+// Scenario files (lab/scenario.h): a region isolated from every other one and reconnected,
+// and the mistakes such an event can hold, each refused naming the file and line.
+TEST(ScenarioTest, IsolateAndReconnectARegion) {
+  auto t = loadTopology(std::string(MERIDIAN_SOURCE_DIR) + "/lab/topologies/three-regions.yaml");
+  ASSERT_TRUE(t.isOk()) << t.status().toString();
+  auto s = parseScenario(
+      "events:\n  - at: 5s\n    isolate: {region: singapore}\n  - at: 25s\n    reconnect: {region: singapore}\n",
+      "cut.yaml", t.value());
+  ASSERT_TRUE(s.isOk()) << s.status().toString();
+  ASSERT_EQ(s->size(), 2u);
+  EXPECT_EQ((*s)[0].kind, ScenarioEvent::Kind::kIsolate);
+  EXPECT_EQ((*s)[0].src, "singapore");
+  EXPECT_DOUBLE_EQ((*s)[0].atSec, 5.0);
+  EXPECT_EQ((*s)[1].kind, ScenarioEvent::Kind::kReconnect);
+  EXPECT_NE((*s)[0].describe().find("isolate singapore"), std::string::npos);
+  const std::pair<const char*, const char*> bad[] = {
+      {"events:\n  - at: 1s\n    isolate: {region: mars}\n", "mars"},
+      {"events:\n  - at: 1s\n    isolate: {region: london, plane: wan-a}\n", "takes only region"},
+      {"events:\n  - at: 1s\n    reconnect: {}\n", "region"},
+      {"events:\n  - at: 1s\n    isolate: london\n", "takes a map"},
+  };
+  for (const auto& [text, want] : bad) {
+    auto r = parseScenario(text, "bad.yaml", t.value());
+    ASSERT_FALSE(r.isOk()) << text;
+    EXPECT_NE(r.status().message().find(want), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("bad.yaml:"), std::string::npos) << r.status().message();
   }
 }
 

@@ -52,11 +52,17 @@ PLAIN = {
     "meridian_trainer_samples_per_second",
     "meridian_trainer_steps_total",
     "meridian_trainer_sync_payload_bytes_total",
+    "meridian_trainer_membership_changes_total",
+    # membership (docs/elastic.md)
+    "meridian_membership_epoch",
+    "meridian_membership_size",
+    "meridian_membership_peers_lost_total",
 }
 HISTOGRAMS = {
     "meridian_collectives_op_latency_seconds",
     "meridian_trainer_step_compute_seconds",
     "meridian_trainer_step_exposed_comm_seconds",
+    "meridian_trainer_recovery_seconds",
 }
 ALLOWED = PLAIN | {h + s for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")}
 METRIC_RE = re.compile(r"meridian_[A-Za-z0-9_:]+")
