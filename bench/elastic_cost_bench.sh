@@ -12,14 +12,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 source "$root/bench/lib.sh"
-rounds=${ROUNDS:-5}
-steps=${STEPS:-400}
-bench_require_rounds "$rounds"
-[[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "STEPS must be a positive integer (got '$steps')" >&2; exit 1; }
-train="$build/trainer/meridian-train"
-[ -x "$train" ] || { echo "missing $train: build first (cmake --build $build)" >&2; exit 1; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+bench_train_rounds "$build" 400
 for ((r = 1; r <= rounds; r++)); do
   for mode in on off; do
     "$train" --ranks 4 --sync ddp --max-steps "$steps" --elastic "$mode" --json "$tmp/$mode-$r.json" --quiet \

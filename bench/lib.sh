@@ -18,3 +18,17 @@ bench_require_mpirun() {
 bench_require_rounds() {
   [[ "$1" =~ ^[1-9][0-9]*$ ]] || { echo "ROUNDS must be a positive integer (got '$1')" >&2; exit 1; }
 }
+
+# bench_train_rounds BUILD_DIR DEFAULT_STEPS: the A/B trainer benchmarks' settings. Sets
+# rounds (ROUNDS, default 5) and steps (STEPS, default DEFAULT_STEPS), both checked, train
+# (the build's meridian-train, which must exist) and tmp (a scratch folder removed on exit).
+bench_train_rounds() {
+  rounds=${ROUNDS:-5}
+  steps=${STEPS:-$2}
+  bench_require_rounds "$rounds"
+  [[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "STEPS must be a positive integer (got '$steps')" >&2; exit 1; }
+  train="$1/trainer/meridian-train"
+  [ -x "$train" ] || { echo "missing $train: build first (cmake --build $1)" >&2; exit 1; }
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+}

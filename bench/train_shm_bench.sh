@@ -12,14 +12,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 source "$root/bench/lib.sh"
-rounds=${ROUNDS:-5}
-steps=${STEPS:-150}
-bench_require_rounds "$rounds"
-[[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "STEPS must be a positive integer (got '$steps')" >&2; exit 1; }
-train="$build/trainer/meridian-train"
-[ -x "$train" ] || { echo "missing $train: build first (cmake --build $build)" >&2; exit 1; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+bench_train_rounds "$build" 150
 for ((r = 1; r <= rounds; r++)); do
   for shm in auto off; do
     MERIDIAN_SHM=$shm "$train" --ranks 4 --sync ddp --max-steps "$steps" --json "$tmp/$shm-$r.json" --quiet \
