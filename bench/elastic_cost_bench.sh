@@ -13,13 +13,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 source "$root/bench/lib.sh"
 bench_train_rounds "$build" 400
-for ((r = 1; r <= rounds; r++)); do
-  for mode in on off; do
-    "$train" --ranks 4 --sync ddp --max-steps "$steps" --elastic "$mode" --json "$tmp/$mode-$r.json" --quiet \
-      > "$tmp/$mode-$r.log" 2>&1 || { cat "$tmp/$mode-$r.log" >&2; echo "--elastic $mode failed" >&2; exit 1; }
-  done
-  echo "round $r of $rounds done" >&2
-done
+run_one() { "$train" --ranks 4 --sync ddp --max-steps "$steps" --elastic "$1" --json "$2" --quiet; }
+bench_train_ab on off
 out="$root/bench/results/elastic-cost.md"
 python3 - "$tmp" "$rounds" "$steps" "$(nproc)" "$(date -u +%Y-%m-%d)" > "$out" <<'PY'
 import json, statistics, sys

@@ -32,3 +32,17 @@ bench_train_rounds() {
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
 }
+
+# bench_train_ab MODE...: ROUNDS rounds, each running the caller's `run_one MODE JSON` for
+# every mode in turn (alternated, so the machine's drift falls on all of them alike); a run's
+# output goes to $tmp/MODE-ROUND.log (shown if it fails), its summary to $tmp/MODE-ROUND.json.
+bench_train_ab() {
+  local r mode
+  for ((r = 1; r <= rounds; r++)); do
+    for mode in "$@"; do
+      run_one "$mode" "$tmp/$mode-$r.json" > "$tmp/$mode-$r.log" 2>&1 ||
+        { cat "$tmp/$mode-$r.log" >&2; echo "$mode failed" >&2; exit 1; }
+    done
+    echo "round $r of $rounds done" >&2
+  done
+}

@@ -13,13 +13,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 source "$root/bench/lib.sh"
 bench_train_rounds "$build" 150
-for ((r = 1; r <= rounds; r++)); do
-  for shm in auto off; do
-    MERIDIAN_SHM=$shm "$train" --ranks 4 --sync ddp --max-steps "$steps" --json "$tmp/$shm-$r.json" --quiet \
-      > "$tmp/$shm-$r.log" 2>&1 || { cat "$tmp/$shm-$r.log" >&2; echo "MERIDIAN_SHM=$shm failed" >&2; exit 1; }
-  done
-  echo "round $r of $rounds done" >&2
-done
+run_one() { MERIDIAN_SHM=$1 "$train" --ranks 4 --sync ddp --max-steps "$steps" --json "$2" --quiet; }
+bench_train_ab auto off
 out="$root/bench/results/training-shm.md"
 python3 - "$tmp" "$rounds" "$steps" "$(nproc)" "$(date -u +%Y-%m-%d)" > "$out" <<'PY'
 import json, statistics, sys

@@ -533,6 +533,10 @@ Status Communicator::health() const { return brokenStatus(); }
 
 Status Communicator::brokenStatus() const {
   std::lock_guard<std::mutex> lock(mu_);
+  return brokenStatusLocked();
+}
+
+Status Communicator::brokenStatusLocked() const {
   if (broken_.isOk()) return Status::ok();
   if (broken_.code() == StatusCode::kCommError) return broken_;  // says what happened already
   return commError("communicator broken: {}", broken_.toString());
@@ -623,16 +627,17 @@ void Communicator::workerLoop() {
 }
 
 void Communicator::execute(Op& op) {
-  Status st = brokenStatus();
+  AlgoContext ctx;
+  Status st;
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // a recovery may break us and clear the channels meanwhile
+    st = brokenStatusLocked();
+    if (st.isOk()) ctx.channels = channels_;
+  }
   const TimePoint start = Clock::now();
   if (st.isOk()) {
-    AlgoContext ctx;
     ctx.rank = rank_;
     ctx.size = size_;
-    {
-      std::lock_guard<std::mutex> lock(mu_);  // a recovery may clear them meanwhile
-      ctx.channels = channels_;
-    }
     ctx.dtype = op.dtype;
     ctx.elemBytes = kernels::dataTypeSize(op.dtype);
     ctx.tagBase = op.collSeq * kPhasesPerOp;
@@ -658,7 +663,7 @@ void Communicator::execute(Op& op) {
       // Elastic: the channels to the survivors carry the agreement and the successor's
       // rendezvous, so they stay up until the successor is built.
       if (elastic_) {
-        (void)awaitRecovery();
+        awaitRecovery();
         st = brokenStatus();  // the one reason every survivor gives (aborted, cut off, or the op's own)
       }
       abortTransport(commError("communicator broken: {}", st.toString()));
@@ -701,11 +706,29 @@ std::string membersOf(const std::vector<int>& jobRanks, const std::vector<int>& 
 
 void Communicator::onView(const bootstrap::membership::View& view, bool evicted) {
   if (!elastic_) return;  // the control thread logged it; the next failure breaks us for good
-  std::lock_guard<std::mutex> lock(mu_);
   // One successor per communicator: later views are the successor's business.
-  if (stopping_ || recovery_ != Recovery::kNone) return;
+  (void)startRecovery([this, view, evicted] { return recover(view, evicted); });
+}
+
+bool Communicator::startRecovery(std::function<Result<std::unique_ptr<Communicator>>()> work) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_ || recovery_ != Recovery::kNone) return false;
   recovery_ = Recovery::kRunning;
-  recoveryThread_ = std::thread([this, view, evicted] { recover(view, evicted); });
+  recoveryThread_ = std::thread([this, work = std::move(work)] {
+    pthread_setname_np(pthread_self(), "mer-recover");
+    if (control_) control_->quiesce();  // what happens to these channels now is no news
+    Result<std::unique_ptr<Communicator>> next = work();
+    std::lock_guard<std::mutex> done(mu_);
+    if (next.isOk()) {
+      successor_ = std::move(next).value();
+      recovery_ = Recovery::kDone;
+    } else {
+      recoveryError_ = next.status();
+      recovery_ = Recovery::kFailed;
+    }
+    cv_.notify_all();
+  });
+  return true;
 }
 
 void Communicator::retire() {
@@ -724,13 +747,8 @@ void Communicator::abandonPeers(const std::vector<int>& peers) {
 
 void Communicator::onCutOff(std::size_t reachable, const bootstrap::membership::View& view) {
   if (!elastic_) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  if (stopping_ || recovery_ != Recovery::kNone) return;
-  recovery_ = Recovery::kRunning;
   const std::string jobView = fmt::format("epoch {} {{{}}}", view.epoch, membersOf(jobRanks_, view.members));
-  recoveryThread_ = std::thread([this, reachable, jobView, n = view.members.size()] {
-    pthread_setname_np(pthread_self(), "mer-recover");
-    if (control_) control_->quiesce();
+  (void)startRecovery([this, reachable, jobView, n = view.members.size()]() -> Result<std::unique_ptr<Communicator>> {
     const Status why = commError("cut off: this rank reaches {} of the {} members of membership {}, fewer than a "
                                  "majority (the others go on without it; it may join again)",
                                  reachable, n, jobView);
@@ -739,16 +757,11 @@ void Communicator::onCutOff(std::size_t reachable, const bootstrap::membership::
     for (int r = 0; r < size_; ++r) others.push_back(r);
     abandonPeers(others);  // none of them answers from here
     stopTransport();       // the op in flight waits on peers that cannot answer: it fails now
-    std::lock_guard<std::mutex> done(mu_);
-    recoveryError_ = why;
-    recovery_ = Recovery::kFailed;
-    cv_.notify_all();
+    return why;
   });
 }
 
-void Communicator::recover(bootstrap::membership::View view, bool evicted) {
-  pthread_setname_np(pthread_self(), "mer-recover");
-  if (control_) control_->quiesce();
+Result<std::unique_ptr<Communicator>> Communicator::recover(const bootstrap::membership::View& view, bool evicted) {
   std::vector<int> lost;
   for (int r = 0; r < size_; ++r) {
     if (!view.contains(r)) lost.push_back(r);
@@ -778,16 +791,42 @@ void Communicator::recover(bootstrap::membership::View view, bool evicted) {
   // given up first: closing does not wait on peers that cannot answer.
   abandonPeers(lost);
   stopTransport();
-  std::lock_guard<std::mutex> lock(mu_);
   if (next.isOk()) {
-    successor_ = std::move(next).value();
-    successor_->owned_->previous = std::move(owned_);  // buildSuccessor gave it one
-    recovery_ = Recovery::kDone;
-  } else {
-    recoveryError_ = next.status();
-    recovery_ = Recovery::kFailed;
+    std::lock_guard<std::mutex> lock(mu_);  // store() reads owned_
+    next.value()->owned_->previous = std::move(owned_);
   }
-  cv_.notify_all();
+  return next;
+}
+
+Result<std::string> Communicator::hostSetUpStore(Owned& owned) const {
+  const std::vector<std::string> ips = bootstrap::withoutPorts(options_.localAddresses);
+  MERIDIAN_ASSIGN_OR_RETURN(owned.server, bootstrap::StoreServer::start(ips.front(), 0, options_.secret));
+  return fmt::format("{}:{}", ips.front(), owned.server->port());
+}
+
+Result<std::unique_ptr<Communicator>> Communicator::buildThrough(std::unique_ptr<Owned> owned, const std::string& address,
+                                                                 int rank, int worldSize, const CommOptions& options,
+                                                                 Lineage lineage, TimePoint deadline,
+                                                                 bootstrap::Store* jobStore) {
+  if (!owned->store) {
+    MERIDIAN_ASSIGN_OR_RETURN(owned->store, bootstrap::TcpStore::connect(address, options.secret, deadline));
+  }
+  std::chrono::milliseconds full = options.timeout;
+  if (full.count() <= 0) {
+    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t ms, readKnobInt(knobs::kTimeoutMs));
+    full = std::chrono::milliseconds(ms);
+  }
+  // The set-up gets what is left until the deadline; the ops afterwards the usual timeout.
+  CommOptions opts = options;
+  opts.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  if (opts.timeout.count() <= 0) return timeoutError("no time left to set up the communicator");
+  MERIDIAN_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> next,
+                            build(*owned->store, rank, worldSize, opts, std::move(lineage)));
+  next->options_.timeout = full;
+  next->timeout_ = full;
+  next->owned_ = std::move(owned);
+  next->jobStore_ = jobStore;
+  return next;
 }
 
 Result<std::unique_ptr<Communicator>> Communicator::buildSuccessor(const bootstrap::membership::View& view,
@@ -800,14 +839,13 @@ Result<std::unique_ptr<Communicator>> Communicator::buildSuccessor(const bootstr
   for (int m : view.members) lineage.jobRanks.push_back(jobRanks_[static_cast<std::size_t>(m)]);
   auto owned = std::make_unique<Owned>();
   const int host = view.members.front();
+  std::string address;
   if (newSize == 1) {
     owned->store = std::make_unique<bootstrap::StoreState>();
   } else if (host == rank_) {
-    // The first member hosts the successor's store on its first path and tells the others
-    // where, over the channels the agreement ran on (they proved the job secret).
-    const std::vector<std::string> ips = bootstrap::withoutPorts(options_.localAddresses);
-    MERIDIAN_ASSIGN_OR_RETURN(owned->server, bootstrap::StoreServer::start(ips.front(), 0, options_.secret));
-    const std::string address = fmt::format("{}:{}", ips.front(), owned->server->port());
+    // The first member hosts the successor's store and tells the others where, over the
+    // channels the agreement ran on (they proved the job secret).
+    MERIDIAN_ASSIGN_OR_RETURN(address, hostSetUpStore(*owned));
     std::vector<transport::RequestPtr> sends;
     for (int m : view.members) {
       if (m == rank_) continue;
@@ -816,34 +854,24 @@ Result<std::unique_ptr<Communicator>> Communicator::buildSuccessor(const bootstr
       sends.push_back(std::move(req));
     }
     for (auto& req : sends) MERIDIAN_RETURN_IF_ERROR(req->wait(deadline));
-    MERIDIAN_ASSIGN_OR_RETURN(owned->store, bootstrap::TcpStore::connect(address, options_.secret, deadline));
   } else {
+    // Bounded by the receive: a longer message fails it.
     std::array<char, kMaxStoreAddressBytes> buf{};
     MERIDIAN_ASSIGN_OR_RETURN(transport::RequestPtr req,
                               channels_[static_cast<std::size_t>(host)]->irecv(buf.data(), buf.size(), kSuccessorTag));
     MERIDIAN_RETURN_IF_ERROR(req->wait(deadline).withContext(
         fmt::format("the successor's store address from rank {}", jobRanks_[static_cast<std::size_t>(host)])));
-    const std::string address(buf.data(), req->bytes());
+    address.assign(buf.data(), req->bytes());
     const auto colon = address.rfind(':');
     const bool wellFormed = colon != std::string::npos && colon > 0 && colon + 1 < address.size() &&
                             std::all_of(address.begin(), address.end(),
                                         [](char c) { return std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == ':'; });
     if (!wellFormed) return peerError("rank {} sent a malformed store address for the successor", host);
-    MERIDIAN_ASSIGN_OR_RETURN(owned->store, bootstrap::TcpStore::connect(address, options_.secret, deadline));
   }
-  CommOptions opts = options_;
-  opts.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  if (opts.timeout.count() <= 0) return timeoutError("no time left to build the successor");
-  MERIDIAN_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> next,
-                            build(*owned->store, newRank, newSize, opts, std::move(lineage)));
-  next->options_.timeout = options_.timeout;
-  next->timeout_ = options_.timeout;
-  next->owned_ = std::move(owned);
-  next->jobStore_ = jobStore_;
-  return next;
+  return buildThrough(std::move(owned), address, newRank, newSize, options_, std::move(lineage), deadline, jobStore_);
 }
 
-bool Communicator::awaitRecovery() {
+void Communicator::awaitRecovery() {
   // The agreement needs a loss declared (at most a peer timeout) and a few phases of at most
   // half a timeout each; with nothing started by then, there is no membership change coming.
   const TimePoint giveUp = Clock::now() + 3 * peerTimeout_ + std::chrono::seconds(1);
@@ -852,10 +880,9 @@ bool Communicator::awaitRecovery() {
     recovery_ = Recovery::kFailed;
     recoveryError_ = commError("communicator broken: {} (no membership change followed)", broken_.toString());
     cv_.notify_all();
-    return false;
+    return;
   }
   cv_.wait(lock, [&] { return recovery_ == Recovery::kDone || recovery_ == Recovery::kFailed; });
-  return recovery_ == Recovery::kDone;
 }
 
 Result<std::unique_ptr<Communicator>> Communicator::successor(TimePoint deadline) {
@@ -869,8 +896,7 @@ Result<std::unique_ptr<Communicator>> Communicator::successor(TimePoint deadline
     return timeoutError("no successor: the membership did not change");
   }
   if (recovery_ == Recovery::kFailed) return recoveryError_;
-  if (successorTaken_) return invalidArgument("the successor was already taken");
-  successorTaken_ = true;
+  if (!successor_) return invalidArgument("the successor was already taken");
   return std::move(successor_);
 }
 
@@ -940,10 +966,8 @@ Result<std::unique_ptr<Communicator>> Communicator::join(const std::string& stor
                                                          const CommOptions& options, TimePoint deadline) {
   CommOptions opts = options;
   if (opts.secret.empty()) {
-    MERIDIAN_ASSIGN_OR_RETURN(opts.secret, readJobSecret(2));
+    MERIDIAN_ASSIGN_OR_RETURN(opts.secret, readJobSecret(2));  // for the store; build() resolves the rest
   }
-  if (opts.localAddresses.empty()) opts.localAddresses = splitCommaList(knobString(knobs::kPaths));
-  if (opts.localAddresses.empty()) opts.localAddresses = {"127.0.0.1"};
   auto root = std::make_unique<Owned>();
   // The job's store exists already: unreachable (a cut network) is waited out until the
   // deadline, but a store refusing connections for a while means the job is over (or its
@@ -973,19 +997,12 @@ Result<std::unique_ptr<Communicator>> Communicator::join(const std::string& stor
   MERIDIAN_ASSIGN_OR_RETURN(std::vector<std::uint8_t> reply, root->store->get(joinAdmissionKey(ticket), deadline));
   MERIDIAN_ASSIGN_OR_RETURN(const Admission a, parseAdmission(reply));
   if (a.rank < 0) return peerError("the members admitted ticket {} without a rank", ticket);
-  auto owned = std::make_unique<Owned>();
-  MERIDIAN_ASSIGN_OR_RETURN(owned->store, bootstrap::TcpStore::connect(a.store, opts.secret, deadline));
-  if (opts.timeout.count() <= 0) {
-    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t ms, readKnobInt(knobs::kTimeoutMs));
-    opts.timeout = std::chrono::milliseconds(ms);
-  }
-  MERIDIAN_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> next,
-                            build(*owned->store, a.rank, static_cast<int>(a.jobRanks.size()), opts,
-                                  Lineage{a.epoch, a.jobRanks}));
   bootstrap::Store* jobStore = root->store.get();
+  auto owned = std::make_unique<Owned>();
   owned->previous = std::move(root);
-  next->owned_ = std::move(owned);
-  next->jobStore_ = jobStore;
+  MERIDIAN_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> next,
+                            buildThrough(std::move(owned), a.store, a.rank, static_cast<int>(a.jobRanks.size()), opts,
+                                         Lineage{a.epoch, a.jobRanks}, deadline, jobStore));
   MLOG_INFO(kCollectives, "joined the job: membership epoch {} {{{}}}, this rank {} of {}", a.epoch,
             fmt::join(a.jobRanks, ","), next->rank(), next->size());
   return next;
@@ -1015,13 +1032,11 @@ Result<std::unique_ptr<Communicator>> Communicator::admitJoiners(TimePoint deadl
   auto owned = std::make_unique<Owned>();
   std::string text;
   if (rank_ == 0) {
-    const std::vector<std::string> ips = bootstrap::withoutPorts(options_.localAddresses);
-    auto server = bootstrap::StoreServer::start(ips.front(), 0, options_.secret);
+    auto address = hostSetUpStore(*owned);
     auto count = jobStore_->add(std::string(kJoinCount), 0);
     auto done = jobStore_->add(std::string(kJoinDone), 0);
-    if (server.isOk() && count.isOk() && done.isOk()) {
-      owned->server = std::move(server).value();
-      plan.store = fmt::format("{}:{}", ips.front(), owned->server->port());
+    if (address.isOk() && count.isOk() && done.isOk()) {
+      plan.store = address.value();
       plan.epoch = std::max(epoch_, membership().epoch) + 1;
       plan.jobRanks = jobRanks_;
       std::vector<std::int64_t> tickets;
@@ -1049,7 +1064,7 @@ Result<std::unique_ptr<Communicator>> Communicator::admitJoiners(TimePoint deadl
       if (!tickets.empty()) text = encodeAdmission(plan);
     } else {
       MLOG_WARN(kCollectives, "cannot admit the ranks waiting to join: {}",
-                !server.isOk() ? server.status().toString()
+                !address.isOk() ? address.status().toString()
                                : (count.isOk() ? done.status() : count.status()).toString());
     }
   }
@@ -1063,20 +1078,9 @@ Result<std::unique_ptr<Communicator>> Communicator::admitJoiners(TimePoint deadl
   MERIDIAN_ASSIGN_OR_RETURN(plan, parseAdmission(std::span<const std::uint8_t>(
                                       reinterpret_cast<const std::uint8_t*>(words.data()), static_cast<std::size_t>(length))));
   // Every member builds the grown communicator; all of them go over to it, or none does.
-  Result<std::unique_ptr<Communicator>> next = internalError("not built");
-  {
-    auto store = bootstrap::TcpStore::connect(plan.store, options_.secret, deadline);
-    if (store.isOk()) {
-      owned->store = std::move(store).value();
-      CommOptions opts = options_;
-      opts.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      next = opts.timeout.count() > 0
-                 ? build(*owned->store, rank_, static_cast<int>(plan.jobRanks.size()), opts, Lineage{plan.epoch, plan.jobRanks})
-                 : Result<std::unique_ptr<Communicator>>(timeoutError("no time left to admit the joiners"));
-    } else {
-      next = store.status();
-    }
-  }
+  Result<std::unique_ptr<Communicator>> next =
+      buildThrough(std::move(owned), plan.store, rank_, static_cast<int>(plan.jobRanks.size()), options_,
+                   Lineage{plan.epoch, plan.jobRanks}, deadline, jobStore_);
   std::int64_t built = next.isOk() ? 1 : 0;
   MERIDIAN_RETURN_IF_ERROR(allreduce(&built, &built, 1, DataType::kI64, ReduceOp::kMin));
   if (built == 0) {
@@ -1084,14 +1088,10 @@ Result<std::unique_ptr<Communicator>> Communicator::admitJoiners(TimePoint deadl
                        : next.status().withContext("admitting the joiners");
   }
   std::unique_ptr<Communicator> grown = std::move(next).value();
-  grown->options_.timeout = options_.timeout;
-  grown->timeout_ = options_.timeout;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    owned->previous = std::move(owned_);
+    std::lock_guard<std::mutex> lock(mu_);  // store() reads owned_
+    grown->owned_->previous = std::move(owned_);
   }
-  grown->owned_ = std::move(owned);
-  grown->jobStore_ = jobStore_;
   MLOG_INFO(kCollectives, "membership epoch {} {{{}}}: {} rank(s) joined", plan.epoch, fmt::join(plan.jobRanks, ","),
             plan.jobRanks.size() - static_cast<std::size_t>(size_));
   return grown;

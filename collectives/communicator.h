@@ -92,8 +92,10 @@ class Communicator {
   using ReduceOp = kernels::ReduceOp;
   using WorkPtr = std::shared_ptr<Work>;
 
-  // Connects `worldSize` ranks through `store` (used only during create). Blocks until
-  // every channel is up or the timeout passed. A malformed knob (or option standing for
+  // Connects `worldSize` ranks through `store`. Blocks until every channel is up or the
+  // timeout passed. Without MERIDIAN_ELASTIC=on the store is used only during create; an
+  // elastic communicator also asks it later whether ranks wait to join (waitingJoiners), so
+  // it must outlive the communicator and its successors. A malformed knob (or option standing for
   // one) is kInvalidArgument naming it; never throws.
   static Result<std::unique_ptr<Communicator>> create(bootstrap::Store& store, int rank, int worldSize,
                                                       const CommOptions& options = {});
@@ -251,6 +253,16 @@ class Communicator {
   };
   static Result<std::unique_ptr<Communicator>> build(bootstrap::Store& store, int rank, int worldSize,
                                                      const CommOptions& options, Lineage lineage);
+  // A successor, grown or joined communicator, set up through the store its first member
+  // hosts at `address` (unless `owned` holds a store already), within `deadline`. It keeps
+  // `owned`, gets the store client added to it, and asks `jobStore` for joiners.
+  static Result<std::unique_ptr<Communicator>> buildThrough(std::unique_ptr<Owned> owned, const std::string& address,
+                                                            int rank, int worldSize, const CommOptions& options,
+                                                            Lineage lineage, TimePoint deadline,
+                                                            bootstrap::Store* jobStore);
+  // Hosts such a set-up store on this rank's first path (the server goes into `owned`);
+  // returns its address.
+  Result<std::string> hostSetUpStore(Owned& owned) const;
 
   Communicator(int rank, int worldSize, const CommOptions& resolved);
 
@@ -272,16 +284,20 @@ class Communicator {
   void abandonPeers(const std::vector<int>& peers);
   // Elastic: the control thread agreed on `view` (this rank in it unless `evicted`).
   void onView(const bootstrap::membership::View& view, bool evicted);
+  // Runs `work` on the recovery thread, once per communicator (false: one ran already, or
+  // the communicator is closing); `work` returns the successor or why there is none.
+  bool startRecovery(std::function<Result<std::unique_ptr<Communicator>>()> work);
   // Elastic: this rank reaches fewer than a majority (control thread). It stops: its ops fail,
   // and successor() says it was cut off (the caller may join again).
   void onCutOff(std::size_t reachable, const bootstrap::membership::View& view);
   // The recovery thread: builds the successor over `view`, then stops this communicator.
-  void recover(bootstrap::membership::View view, bool evicted);
+  Result<std::unique_ptr<Communicator>> recover(const bootstrap::membership::View& view, bool evicted);
   Result<std::unique_ptr<Communicator>> buildSuccessor(const bootstrap::membership::View& view, TimePoint deadline);
   // The op thread after a failure, when elastic: waits for the recovery to end (or, with no
-  // membership change in sight, a bounded time); true when a successor was built.
-  bool awaitRecovery();
+  // membership change in sight, a bounded time).
+  void awaitRecovery();
   Status brokenStatus() const;
+  Status brokenStatusLocked() const;  // mu_ held
   // Starts the path monitor (probes, congestion, weights) and learns every rank's region.
   Status startRouting(bootstrap::Store& store, const std::string& base, const CommOptions& opts, TimePoint deadline);
 
@@ -359,8 +375,7 @@ class Communicator {
   // Elastic recovery, guarded by mu_ (cv_ announces its end).
   enum class Recovery : std::uint8_t { kNone, kRunning, kDone, kFailed };
   Recovery recovery_ = Recovery::kNone;
-  std::unique_ptr<Communicator> successor_;
-  bool successorTaken_ = false;
+  std::unique_ptr<Communicator> successor_;  // null once taken
   Status recoveryError_;
   std::thread recoveryThread_;
   std::mutex transportMu_;  // stopTransport() runs once

@@ -207,13 +207,12 @@ void RoutingControl::detectFailures(TimePoint now) {
     MLOG_WARN(kRouting, "rank {} declared rank {} lost: {}", rank_, l.peer, l.why);
     peersLost().add();
     agent_.suspect(l.peer);
-    lostSet_.insert(l.peer);
     std::lock_guard<std::mutex> lock(mu_);
     lost_.push_back(l.peer);
   }
   const membership::View& v = agent_.view();
   const auto reachable = static_cast<std::size_t>(
-      std::count_if(v.members.begin(), v.members.end(), [&](int m) { return lostSet_.count(m) == 0; }));
+      std::count_if(v.members.begin(), v.members.end(), [&](int m) { return !detector_.lost(m); }));
   if (!cutOffSaid_ && v.contains(rank_) && reachable < v.quorum()) {
     cutOffSaid_ = true;
     MLOG_WARN(kRouting, "rank {} reaches {} of the {} members of membership {}: fewer than a majority, so this side "

@@ -29,7 +29,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <set>
 #include <thread>
 #include <vector>
 
@@ -165,7 +164,6 @@ class RoutingControl {
   bootstrap::membership::Agent agent_;
   std::uint64_t agentChanges_ = 0;
   std::atomic<bool> quiesced_{false};
-  std::set<int> lostSet_;     // the peers declared lost (failed, not left)
   bool cutOffSaid_ = false;
 
   mutable std::mutex mu_;

@@ -78,10 +78,10 @@ void printSummary(const TrainConfig& cfg, const TrainSummary& s, const std::stri
              toString(cfg.sync), s.worldSize,
              s.regionCount > 0 ? fmt::format("{} regions", s.regionCount) : std::string("regions unknown"), backend);
   fmt::print("  wall time          {:.1f} s, {:.0f} samples/s\n", s.wallSec, s.samplesPerSec);
-  if (s.membershipChanges > 0) {
+  if (s.membershipChanges() > 0) {
     fmt::print("  membership         {} ranks in {} change(s); {:.2f} s recovering from losses (this rank), no sample "
                "skipped\n",
-               fmt::join(s.worldSizes, " -> "), s.membershipChanges, s.recoverySec);
+               fmt::join(s.worldSizes, " -> "), s.membershipChanges(), s.recoverySec);
   }
   fmt::print("  step time          compute {:.1f} ms, exposed communication {:.1f} ms ({:.0f}% of the step)\n",
              s.steps > 0 ? 1e3 * s.computeSec / static_cast<double>(s.steps) : 0,
@@ -123,8 +123,8 @@ void writeJson(const std::string& path, const TrainConfig& cfg, const TrainSumma
                    {"inner_steps", cfg.innerSteps},
                    {"batch", cfg.globalBatch},
                    {"compute_nice", s.computeNice},
-                   {"start_ranks", s.startWorldSize},
-                   {"membership_changes", s.membershipChanges},
+                   {"start_ranks", s.worldSizes.empty() ? s.worldSize : s.worldSizes.front()},
+                   {"membership_changes", s.membershipChanges()},
                    {"world_sizes", s.worldSizes},
                    {"recovery_s", s.recoverySec}};
   std::ofstream out(path);

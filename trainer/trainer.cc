@@ -245,8 +245,12 @@ class Run {
   // (DiLoCo). Returns the position every survivor goes on from (the largest; the others took
   // that rank's state); the failure itself when there is no successor and no way back in.
   // `since`: when the work that was cut began (what the change cost is counted from there).
-  Result<std::int64_t> recover(const Status& failure, std::int64_t done, Clock::time_point since);
-  // The survivors' state from `source` (params, optimizer, outer state), checked by digest.
+  Result<std::int64_t> recover(const Status& failure, std::int64_t position, Clock::time_point since);
+  // What a rank's training state is, by checkpoint section name: parameters, the optimizer's
+  // moments, DiLoCo's anchor and momentum (paramCount floats each, backend memory).
+  std::vector<std::pair<const char*, float*>> stateParts() const;
+  // The survivors' state from `source` (stateParts and the optimizer's step count), checked
+  // by digest.
   Status adoptState(int source);
   // Runs `op`, a collective at a boundary (an evaluation, a checkpoint, the joiners' check)
   // at `position`. True when a lost rank cut it: it is not run again, and every survivor goes
@@ -272,9 +276,8 @@ class Run {
   kernels::Backend& backend_;
   Communicator* comm_ = nullptr;  // the world communicator in force (null for one rank)
   std::vector<std::unique_ptr<Communicator>> successors_;  // the ones membership changes made
-  int changes_ = 0;
   double recoverySec_ = 0;
-  std::vector<int> worldSizes_;
+  std::vector<int> worldSizes_;  // at the start and after each membership change
   Sha256 dataDigest_{};
   int rank_ = 0;
   int world_ = 1;
@@ -440,6 +443,16 @@ double Run::oneRankStepSec(const std::vector<std::uint32_t>& order) {
 
 std::string rankDir(const std::string& base, int rank) { return fmt::format("{}/rank-{}", base, rank); }
 
+std::vector<std::pair<const char*, float*>> Run::stateParts() const {
+  std::vector<std::pair<const char*, float*>> parts{{"params", model_->params()}, {"opt.first", opt_->first()}};
+  if (opt_->second() != nullptr) parts.emplace_back("opt.second", opt_->second());
+  if (outerSync_) {
+    parts.emplace_back("outer.anchor", outerSync_->anchor());
+    parts.emplace_back("outer.velocity", outerSync_->velocity());
+  }
+  return parts;
+}
+
 std::vector<CheckpointSection> Run::checkpointSections(std::int64_t step) {
   const std::size_t n = model_->paramCount();
   nlohmann::json meta = identity(cfg_, rank_, world_);
@@ -448,13 +461,7 @@ std::vector<CheckpointSection> Run::checkpointSections(std::int64_t step) {
   std::vector<CheckpointSection> sections;
   const std::string metaText = meta.dump();
   sections.push_back({"meta", std::vector<std::uint8_t>(metaText.begin(), metaText.end())});
-  sections.push_back({"params", bytesOf(backend_, model_->params(), n)});
-  sections.push_back({"opt.first", bytesOf(backend_, opt_->first(), n)});
-  if (opt_->second() != nullptr) sections.push_back({"opt.second", bytesOf(backend_, opt_->second(), n)});
-  if (outerSync_) {
-    sections.push_back({"outer.anchor", bytesOf(backend_, outerSync_->anchor(), n)});
-    sections.push_back({"outer.velocity", bytesOf(backend_, outerSync_->velocity(), n)});
-  }
+  for (const auto& [name, part] : stateParts()) sections.push_back({name, bytesOf(backend_, part, n)});
   return sections;
 }
 
@@ -490,6 +497,7 @@ Status Run::bindTo(std::unique_ptr<Communicator> next) {
   rank_ = comm_->rank();
   world_ = comm_->size();
   worldSizes_.push_back(world_);
+  membershipChanges().add();
   comms_.assign(1, CommUse{comm_, {}});
   for (int r = 0; r < world_; ++r) comms_[0].worldRanks.push_back(r);
   const routing::RegionAssignment regions = comm_->regions();
@@ -530,10 +538,8 @@ Result<std::int64_t> Run::recover(const Status& failure, std::int64_t position, 
       last = st;
       continue;  // lost another rank meanwhile: the next successor
     }
-    ++changes_;
     const double sec = secondsSince(since);
     recoverySec_ += sec;
-    membershipChanges().add();
     recoverySeconds().observe(sec);
     const std::vector<int>& members = comm_->jobRanks();
     const std::int64_t from = agreed / 2 + (agreed % 2);
@@ -558,8 +564,6 @@ Result<std::int64_t> Run::rejoin(const Status& why) {
   MERIDIAN_RETURN_IF_ERROR(bindTo(std::move(joined).value()));
   std::int64_t step = 0;
   MERIDIAN_RETURN_IF_ERROR(welcome(&step));
-  ++changes_;
-  membershipChanges().add();
   return 2 * step;  // the members admit ranks at a boundary
 }
 
@@ -581,8 +585,6 @@ Status Run::admitJoiners(std::int64_t* step) {
   }
   MERIDIAN_RETURN_IF_ERROR(bindTo(std::move(grown).value()));
   MERIDIAN_RETURN_IF_ERROR(welcome(step));
-  ++changes_;
-  membershipChanges().add();
   const double sec = secondsSince(start);
   log(fmt::format("membership: {} -> {} ranks (job ranks {}); {} joined at step {}, state handed over in {:.2f} s",
                   before, world_, fmt::join(comm_->jobRanks(), ","), world_ - before, *step, sec));
@@ -591,15 +593,9 @@ Status Run::admitJoiners(std::int64_t* step) {
 
 Status Run::adoptState(int source) {
   const std::size_t n = model_->paramCount();
-  std::vector<float*> parts{model_->params(), opt_->first()};
-  if (opt_->second() != nullptr) parts.push_back(opt_->second());
-  if (outerSync_) {
-    parts.push_back(outerSync_->anchor());
-    parts.push_back(outerSync_->velocity());
-  }
   std::vector<float> host(n);
   std::vector<std::uint8_t> all;  // what the digest covers
-  for (float* part : parts) {
+  for (const auto& [name, part] : stateParts()) {
     backend_.copyToHost(host.data(), part, n * sizeof(float));
     MERIDIAN_RETURN_IF_ERROR(comm_->broadcast(host.data(), host.data(), n, kernels::DataType::kF32, source));
     backend_.copyToDevice(part, host.data(), n * sizeof(float));
@@ -700,13 +696,7 @@ Result<Checkpoint> Run::loadCheckpoint(std::int64_t step) {
                              ck.path, key, meta.contains(key) ? meta[key].dump() : "missing", value.dump());
   }
   const std::size_t n = model_->paramCount();
-  MERIDIAN_RETURN_IF_ERROR(restoreFloats(backend_, ck, "params", model_->params(), n));
-  MERIDIAN_RETURN_IF_ERROR(restoreFloats(backend_, ck, "opt.first", opt_->first(), n));
-  if (opt_->second() != nullptr) MERIDIAN_RETURN_IF_ERROR(restoreFloats(backend_, ck, "opt.second", opt_->second(), n));
-  if (outerSync_) {
-    MERIDIAN_RETURN_IF_ERROR(restoreFloats(backend_, ck, "outer.anchor", outerSync_->anchor(), n));
-    MERIDIAN_RETURN_IF_ERROR(restoreFloats(backend_, ck, "outer.velocity", outerSync_->velocity(), n));
-  }
+  for (const auto& [name, part] : stateParts()) MERIDIAN_RETURN_IF_ERROR(restoreFloats(backend_, ck, name, part, n));
   opt_->setSteps(meta.value("optimizer_steps", std::int64_t{0}));
   return ck;
 }
@@ -833,7 +823,6 @@ Result<TrainSummary> Run::go() {
 
   TrainSummary sum;
   sum.computeNice = nice_;
-  sum.startWorldSize = world_;
   worldSizes_.assign(1, world_);
   if (ctx_.joined) {
     // The members are in their welcome at a step boundary: the step and the state come from
@@ -878,55 +867,55 @@ Result<TrainSummary> Run::go() {
     double compute = 0, comm = 0;
     int rows = 0;
     if (!outerPending) {
-    const std::int64_t epoch = step / stepsPerEpoch;
-    if (epoch != cachedEpoch) {
-      order = epochPermutation(train_.count, cfg_.seed, static_cast<std::uint64_t>(epoch));
-      cachedEpoch = epoch;
-    }
-    const auto t0 = Clock::now();
-    rows = localBatch();
-    const std::size_t at = static_cast<std::size_t>(step % stepsPerEpoch) * static_cast<std::size_t>(cfg_.globalBatch) +
-                           static_cast<std::size_t>(batchBegin());
-    fillBatch(*model_, train_, order.data() + at, rows);
-    // This rank's share of the global batch weighs its gradient (1 while the world divides
-    // the batch), so the average over ranks is the mean over the global batch.
-    const float share = static_cast<float>(static_cast<double>(rows) * world_ / cfg_.globalBatch);
-    if (gradSync_) {
-      stats = model_->forwardBackward(rows, share, [&](int layer) { gradSync_->onLayerDone(layer); });
-    } else {
-      stats = model_->forwardBackward(rows, share, nullptr);
-    }
-    compute = secondsSince(t0);
-    // The optimizer steps each bucket as soon as it is averaged (DDP), overlapping the
-    // buckets still on the wire; its time counts as compute, the rest of the wait as comm.
-    double optimizerSec = 0;
-    const std::int64_t optimizerSteps = opt_->steps();
-    opt_->beginStep();
-    auto stepRange = [&](std::size_t begin, std::size_t end) {
-      const auto to = Clock::now();
-      opt_->stepRange(model_->params(), model_->grads(), begin, end);
-      optimizerSec += secondsSince(to);
-    };
-    // Elastic: a bucket is stepped only once every bucket was averaged, so a step cut by a
-    // lost rank leaves the state of the step before, whole.
-    std::vector<std::pair<std::size_t, std::size_t>> averaged;
-    auto collect = [&](std::size_t begin, std::size_t end) { averaged.emplace_back(begin, end); };
-    if (gradSync_) {
-      const auto tw = Clock::now();
-      if (const Status synced = elastic() ? gradSync_->finish(collect) : gradSync_->finish(stepRange); !synced.isOk()) {
-        opt_->setSteps(optimizerSteps);
-        MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t agreed, recover(synced, 2 * step, t0));
-        jumpTo(agreed);
-        continue;  // the step again, on the survivors (or from where the one furthest ahead is)
+      const std::int64_t epoch = step / stepsPerEpoch;
+      if (epoch != cachedEpoch) {
+        order = epochPermutation(train_.count, cfg_.seed, static_cast<std::uint64_t>(epoch));
+        cachedEpoch = epoch;
       }
-      comm += std::max(0.0, secondsSince(tw) - optimizerSec);
-      for (const auto& [begin, end] : averaged) stepRange(begin, end);
-      payload += gradSync_->payloadBytesPerStep();
-    } else {
-      stepRange(0, model_->paramCount());
-    }
-    compute += optimizerSec;
-    ++step;
+      const auto t0 = Clock::now();
+      rows = localBatch();
+      const std::size_t at = static_cast<std::size_t>(step % stepsPerEpoch) * static_cast<std::size_t>(cfg_.globalBatch) +
+                             static_cast<std::size_t>(batchBegin());
+      fillBatch(*model_, train_, order.data() + at, rows);
+      // This rank's share of the global batch weighs its gradient (1 while the world divides
+      // the batch), so the average over ranks is the mean over the global batch.
+      const float share = static_cast<float>(static_cast<double>(rows) * world_ / cfg_.globalBatch);
+      if (gradSync_) {
+        stats = model_->forwardBackward(rows, share, [&](int layer) { gradSync_->onLayerDone(layer); });
+      } else {
+        stats = model_->forwardBackward(rows, share, nullptr);
+      }
+      compute = secondsSince(t0);
+      // The optimizer steps each bucket as soon as it is averaged (DDP), overlapping the
+      // buckets still on the wire; its time counts as compute, the rest of the wait as comm.
+      double optimizerSec = 0;
+      const std::int64_t optimizerSteps = opt_->steps();
+      opt_->beginStep();
+      auto stepRange = [&](std::size_t begin, std::size_t end) {
+        const auto to = Clock::now();
+        opt_->stepRange(model_->params(), model_->grads(), begin, end);
+        optimizerSec += secondsSince(to);
+      };
+      // Elastic: a bucket is stepped only once every bucket was averaged, so a step cut by a
+      // lost rank leaves the state of the step before, whole.
+      std::vector<std::pair<std::size_t, std::size_t>> averaged;
+      auto collect = [&](std::size_t begin, std::size_t end) { averaged.emplace_back(begin, end); };
+      if (gradSync_) {
+        const auto tw = Clock::now();
+        if (const Status synced = elastic() ? gradSync_->finish(collect) : gradSync_->finish(stepRange); !synced.isOk()) {
+          opt_->setSteps(optimizerSteps);
+          MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t agreed, recover(synced, 2 * step, t0));
+          jumpTo(agreed);
+          continue;  // the step again, on the survivors (or from where the one furthest ahead is)
+        }
+        comm += std::max(0.0, secondsSince(tw) - optimizerSec);
+        for (const auto& [begin, end] : averaged) stepRange(begin, end);
+        payload += gradSync_->payloadBytesPerStep();
+      } else {
+        stepRange(0, model_->paramCount());
+      }
+      compute += optimizerSec;
+      ++step;
     }  // the inner step
     const bool resumed = outerPending;
     outerPending = false;
@@ -1050,12 +1039,13 @@ Result<TrainSummary> Run::go() {
     }
     return Status();
   };
+  auto since = Clock::now();
   Status ended = finish();
   for (int attempt = 0; !ended.isOk() && attempt < 4 && elastic(); ++attempt) {
     if (ended.code() == StatusCode::kInvalidArgument) break;  // diverged: no loss behind it
-    std::int64_t agreed = 0;
-    MERIDIAN_ASSIGN_OR_RETURN(const bool cut, atBoundary([&] { return ended; }, 2 * step, &agreed));
-    if (cut && agreed != 2 * step) {
+    MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t agreed, recover(ended, 2 * step, since));
+    since = Clock::now();
+    if (agreed != 2 * step) {
       return internalError("after a membership change at the end the survivors are at step {}, this rank at {}",
                            (agreed + 1) / 2, step);
     }
@@ -1072,7 +1062,6 @@ Result<TrainSummary> Run::go() {
   sum.worldPayloadBytes = totals[2];
   sum.worldSize = world_;
   sum.rank = rank_;
-  sum.membershipChanges = changes_;
   sum.recoverySec = recoverySec_;
   sum.worldSizes = worldSizes_;
   sum.regionCount = regionOf_.empty() ? 0 : *std::max_element(regionOf_.begin(), regionOf_.end()) + 1;

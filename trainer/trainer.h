@@ -127,14 +127,14 @@ struct TrainSummary {
   int worldSize = 1;
   int regionCount = 0;           // regions known to the routing layer (0: none)
   int computeNice = 0;           // rank 0's compute thread's nice value (TrainConfig::computeNice)
-  // Elastic runs: this rank's rank at the end (0 prints the summary), the world it started
-  // with, the membership changes it went through and the time they cost it (from the
-  // failed collective to the state agreed on the successor).
+  // Elastic runs: this rank's rank at the end (0 prints the summary), the world size it
+  // started with and after each membership change it went through (so the changes are one
+  // fewer), and the time the losses cost it (from the cut collective to the state agreed on
+  // the successor).
   int rank = 0;
-  int startWorldSize = 1;
-  int membershipChanges = 0;
+  std::vector<int> worldSizes;
   double recoverySec = 0;
-  std::vector<int> worldSizes;   // the world size after each membership change, the first one first
+  int membershipChanges() const { return worldSizes.empty() ? 0 : static_cast<int>(worldSizes.size()) - 1; }
   std::vector<float> params;     // the final parameters (host copy), for tests and tools
 };
 
