@@ -325,6 +325,16 @@ bootstrap::Store* Communicator::store() const {
 }
 
 Communicator::~Communicator() {
+  if (parent_ != nullptr) {
+    std::lock_guard<std::mutex> lock(parent_->mu_);
+    std::erase(parent_->children_, this);
+  }
+  stopChildren(commError("its parent communicator was destroyed"));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Communicator* child : children_) child->parent_ = nullptr;
+    children_.clear();
+  }
   std::deque<Op> abandoned;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -717,6 +727,7 @@ bool Communicator::startRecovery(std::function<Result<std::unique_ptr<Communicat
   recoveryThread_ = std::thread([this, work = std::move(work)] {
     pthread_setname_np(pthread_self(), "mer-recover");
     if (control_) control_->quiesce();  // what happens to these channels now is no news
+    stopChildren(commError("aborted: the membership of the parent communicator changed"));
     Result<std::unique_ptr<Communicator>> next = work();
     std::lock_guard<std::mutex> done(mu_);
     if (next.isOk()) {
@@ -733,6 +744,7 @@ bool Communicator::startRecovery(std::function<Result<std::unique_ptr<Communicat
 
 void Communicator::retire() {
   markBroken(commError("retired: a successor communicator took over"), /*replace=*/false);
+  stopChildren(commError("retired: the parent communicator's successor took over"));
   if (control_) control_->quiesce();  // the others retiring theirs is no news
   stopTransport();
 }
@@ -804,6 +816,81 @@ Result<std::string> Communicator::hostSetUpStore(Owned& owned) const {
   return fmt::format("{}:{}", ips.front(), owned.server->port());
 }
 
+Status Communicator::shareSetUpAddress(int host, const std::vector<int>& members, std::uint64_t tag,
+                                       std::string* address, TimePoint deadline) {
+  if (host == rank_) {
+    std::vector<transport::RequestPtr> sends;
+    for (int m : members) {
+      if (m == rank_) continue;
+      MERIDIAN_ASSIGN_OR_RETURN(transport::RequestPtr req,
+                                channels_[static_cast<std::size_t>(m)]->isend(address->data(), address->size(), tag));
+      sends.push_back(std::move(req));
+    }
+    for (auto& req : sends) MERIDIAN_RETURN_IF_ERROR(req->wait(deadline));
+    return Status();
+  }
+  // Bounded by the receive: a longer message fails it.
+  std::array<char, kMaxStoreAddressBytes> buf{};
+  MERIDIAN_ASSIGN_OR_RETURN(transport::RequestPtr req, channels_[static_cast<std::size_t>(host)]->irecv(buf.data(), buf.size(), tag));
+  MERIDIAN_RETURN_IF_ERROR(req->wait(deadline).withContext(fmt::format("from rank {}", jobRanks_[static_cast<std::size_t>(host)])));
+  address->assign(buf.data(), req->bytes());
+  const auto colon = address->rfind(':');
+  const bool wellFormed = colon != std::string::npos && colon > 0 && colon + 1 < address->size() &&
+                          std::all_of(address->begin(), address->end(), [](char c) {
+                            return std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == ':';
+                          });
+  if (!wellFormed) return peerError("rank {} sent a malformed store address", jobRanks_[static_cast<std::size_t>(host)]);
+  return Status();
+}
+
+Result<std::unique_ptr<Communicator>> Communicator::split(int color, const std::string& name) {
+  const TimePoint deadline = Clock::now() + options_.timeout;
+  std::vector<std::int64_t> colors(static_cast<std::size_t>(size_));
+  const std::int64_t mine = color;
+  if (size_ > 1) MERIDIAN_RETURN_IF_ERROR(allgather(&mine, colors.data(), 1, DataType::kI64));
+  else colors[0] = mine;
+  std::vector<int> group;  // this communicator's ranks of the same colour, in order
+  for (int r = 0; r < size_; ++r) {
+    if (colors[static_cast<std::size_t>(r)] == mine) group.push_back(r);
+  }
+  const int newRank = static_cast<int>(std::find(group.begin(), group.end(), rank_) - group.begin());
+  Lineage lineage{epoch_, {}};
+  for (int m : group) lineage.jobRanks.push_back(jobRanks_[static_cast<std::size_t>(m)]);
+  auto owned = std::make_unique<Owned>();
+  std::string address;
+  if (group.size() == 1) {
+    owned->store = std::make_unique<bootstrap::StoreState>();
+  } else {
+    if (group.front() == rank_) {
+      MERIDIAN_ASSIGN_OR_RETURN(address, hostSetUpStore(*owned));
+    }
+    MERIDIAN_RETURN_IF_ERROR(shareSetUpAddress(group.front(), group, kSplitTag, &address, deadline)
+                                 .withContext(fmt::format("splitting communicator '{}'", name)));
+  }
+  CommOptions opts = options_;
+  opts.name = name;
+  opts.elastic = "off";  // its parent's membership decides
+  opts.storePrefix = "meridian/split";
+  MERIDIAN_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> child,
+                            buildThrough(std::move(owned), address, newRank, static_cast<int>(group.size()), opts,
+                                         std::move(lineage), deadline, nullptr));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!broken_.isOk()) return brokenStatusLocked();  // the membership changed meanwhile
+  children_.push_back(child.get());
+  child->parent_ = this;
+  return child;
+}
+
+void Communicator::stopChildren(const Status& why) {
+  // Under mu_: a child being destroyed waits here to deregister. A child takes no lock of
+  // its parent's while it stops.
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Communicator* child : children_) {
+    child->markBroken(why, /*replace=*/true);
+    child->stopTransport();
+  }
+}
+
 Result<std::unique_ptr<Communicator>> Communicator::buildThrough(std::unique_ptr<Owned> owned, const std::string& address,
                                                                  int rank, int worldSize, const CommOptions& options,
                                                                  Lineage lineage, TimePoint deadline,
@@ -842,31 +929,12 @@ Result<std::unique_ptr<Communicator>> Communicator::buildSuccessor(const bootstr
   std::string address;
   if (newSize == 1) {
     owned->store = std::make_unique<bootstrap::StoreState>();
-  } else if (host == rank_) {
-    // The first member hosts the successor's store and tells the others where, over the
-    // channels the agreement ran on (they proved the job secret).
-    MERIDIAN_ASSIGN_OR_RETURN(address, hostSetUpStore(*owned));
-    std::vector<transport::RequestPtr> sends;
-    for (int m : view.members) {
-      if (m == rank_) continue;
-      MERIDIAN_ASSIGN_OR_RETURN(transport::RequestPtr req,
-                                channels_[static_cast<std::size_t>(m)]->isend(address.data(), address.size(), kSuccessorTag));
-      sends.push_back(std::move(req));
-    }
-    for (auto& req : sends) MERIDIAN_RETURN_IF_ERROR(req->wait(deadline));
   } else {
-    // Bounded by the receive: a longer message fails it.
-    std::array<char, kMaxStoreAddressBytes> buf{};
-    MERIDIAN_ASSIGN_OR_RETURN(transport::RequestPtr req,
-                              channels_[static_cast<std::size_t>(host)]->irecv(buf.data(), buf.size(), kSuccessorTag));
-    MERIDIAN_RETURN_IF_ERROR(req->wait(deadline).withContext(
-        fmt::format("the successor's store address from rank {}", jobRanks_[static_cast<std::size_t>(host)])));
-    address.assign(buf.data(), req->bytes());
-    const auto colon = address.rfind(':');
-    const bool wellFormed = colon != std::string::npos && colon > 0 && colon + 1 < address.size() &&
-                            std::all_of(address.begin(), address.end(),
-                                        [](char c) { return std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == ':'; });
-    if (!wellFormed) return peerError("rank {} sent a malformed store address for the successor", host);
+    if (host == rank_) {
+      MERIDIAN_ASSIGN_OR_RETURN(address, hostSetUpStore(*owned));
+    }
+    MERIDIAN_RETURN_IF_ERROR(shareSetUpAddress(host, view.members, kSuccessorTag, &address, deadline)
+                                 .withContext("the successor's store address"));
   }
   return buildThrough(std::move(owned), address, newRank, newSize, options_, std::move(lineage), deadline, jobStore_);
 }
@@ -930,7 +998,8 @@ struct Admission {
   int rank = -1;
 };
 
-Result<Admission> parseAdmission(std::span<const std::uint8_t> bytes) {
+// At least `minRanks` members (a joiner joins someone: 2; after a drain one may be left).
+Result<Admission> parseAdmission(std::span<const std::uint8_t> bytes, std::size_t minRanks = 2) {
   if (bytes.size() > kMaxAdmissionBytes) return peerError("an admission of {} bytes", bytes.size());
   auto j = nlohmann::json::parse(bytes.begin(), bytes.end(), nullptr, false);
   const bool wellFormed = !j.is_discarded() && j.is_object() && j.contains("store") && j["store"].is_string() &&
@@ -949,7 +1018,7 @@ Result<Admission> parseAdmission(std::span<const std::uint8_t> bytes) {
   }
   std::vector<int> sorted = a.jobRanks;
   std::sort(sorted.begin(), sorted.end());
-  if (a.jobRanks.size() < 2 || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() || a.rank < -1 ||
+  if (a.jobRanks.size() < minRanks || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() || a.rank < -1 ||
       a.rank >= static_cast<int>(a.jobRanks.size())) {
     return peerError("an admission of {} job ranks (repeated, or too few) with rank {}", a.jobRanks.size(), a.rank);
   }
@@ -1008,7 +1077,7 @@ Result<std::unique_ptr<Communicator>> Communicator::join(const std::string& stor
   return next;
 }
 
-Result<int> Communicator::waitingJoiners() {
+Result<Communicator::MembershipRequests> Communicator::membershipRequests(bool leave) {
   std::int64_t pending = 0;
   if (rank_ == 0 && jobStore_ != nullptr) {
     auto count = jobStore_->add(std::string(kJoinCount), 0);
@@ -1020,25 +1089,44 @@ Result<int> Communicator::waitingJoiners() {
                 (count.isOk() ? done.status() : count.status()).toString());
     }
   }
-  if (size_ > 1) MERIDIAN_RETURN_IF_ERROR(broadcast(&pending, &pending, 1, DataType::kI64, 0));
-  return static_cast<int>(pending);
+  // One word per member: bit 0 asks to leave, the rest (rank 0's) counts the joiners.
+  std::vector<std::int64_t> words(static_cast<std::size_t>(size_));
+  const std::int64_t mine = (std::min<std::int64_t>(pending, bootstrap::membership::kMaxRanks) << 1) | (leave ? 1 : 0);
+  if (size_ > 1) MERIDIAN_RETURN_IF_ERROR(allgather(&mine, words.data(), 1, DataType::kI64));
+  else words[0] = mine;
+  MembershipRequests r;
+  r.joiners = static_cast<int>(words[0] >> 1);
+  for (int m = 0; m < size_; ++m) {
+    if ((words[static_cast<std::size_t>(m)] & 1) != 0) r.leaving.push_back(m);
+  }
+  return r;
 }
 
-Result<std::unique_ptr<Communicator>> Communicator::admitJoiners(TimePoint deadline) {
-  if (jobStore_ == nullptr) return invalidArgument("no job store: nobody can join this communicator");
-  // Rank 0 decides who is in and where the grown communicator is set up; the others learn
-  // it in two broadcasts (the length, then the plan).
+Result<std::unique_ptr<Communicator>> Communicator::changeMembership(const MembershipRequests& requests,
+                                                                    TimePoint deadline) {
+  if (requests.leaving.size() >= static_cast<std::size_t>(size_)) {
+    return invalidArgument("every member asks to leave: nobody to hand over to");
+  }
+  std::vector<int> staying;  // this communicator's ranks that stay, in order
+  for (int r = 0; r < size_; ++r) {
+    if (!std::binary_search(requests.leaving.begin(), requests.leaving.end(), r)) staying.push_back(r);
+  }
+  const bool leave = std::find(staying.begin(), staying.end(), rank_) == staying.end();
+  // Rank 0 decides who is in and where the new communicator is set up (it hosts the set-up
+  // store and stays until every member built it, also when it leaves); the others learn it
+  // in two broadcasts (the length, then the plan).
   Admission plan;
   auto owned = std::make_unique<Owned>();
   std::string text;
   if (rank_ == 0) {
     auto address = hostSetUpStore(*owned);
-    auto count = jobStore_->add(std::string(kJoinCount), 0);
-    auto done = jobStore_->add(std::string(kJoinDone), 0);
+    const bool joins = requests.joiners > 0 && jobStore_ != nullptr;
+    auto count = joins ? jobStore_->add(std::string(kJoinCount), 0) : Result<std::int64_t>(0);
+    auto done = joins ? jobStore_->add(std::string(kJoinDone), 0) : Result<std::int64_t>(0);
     if (address.isOk() && count.isOk() && done.isOk()) {
       plan.store = address.value();
       plan.epoch = std::max(epoch_, membership().epoch) + 1;
-      plan.jobRanks = jobRanks_;
+      for (int m : staying) plan.jobRanks.push_back(jobRanks_[static_cast<std::size_t>(m)]);
       std::vector<std::int64_t> tickets;
       for (std::int64_t t = done.value() + 1; t <= count.value(); ++t) {
         auto request = jobStore_->get(joinRequestKey(t), Clock::now() + kJoinRequestWait);
@@ -1058,42 +1146,51 @@ Result<std::unique_ptr<Communicator>> Communicator::admitJoiners(TimePoint deadl
       }
       for (std::size_t i = 0; i < tickets.size(); ++i) {
         Admission theirs = plan;
-        theirs.rank = size_ + static_cast<int>(i);
+        theirs.rank = static_cast<int>(staying.size() + i);
         (void)jobStore_->set(joinAdmissionKey(tickets[i]), bytesOfText(encodeAdmission(theirs)));
       }
-      if (!tickets.empty()) text = encodeAdmission(plan);
+      if (!tickets.empty() || !requests.leaving.empty()) text = encodeAdmission(plan);
     } else {
-      MLOG_WARN(kCollectives, "cannot admit the ranks waiting to join: {}",
+      MLOG_WARN(kCollectives, "cannot change the membership now: {}",
                 !address.isOk() ? address.status().toString()
                                : (count.isOk() ? done.status() : count.status()).toString());
     }
   }
   std::int64_t length = static_cast<std::int64_t>(text.size());
   MERIDIAN_RETURN_IF_ERROR(broadcast(&length, &length, 1, DataType::kI64, 0));
-  if (length <= 0) return againStatus("nobody to admit (they went away, or rank 0 could not)");
+  if (length <= 0) return againStatus("nothing to change (the joiners went away, or rank 0 could not)");
   if (static_cast<std::size_t>(length) > kMaxAdmissionBytes) return internalError("an admission of {} bytes", length);
   std::vector<std::int32_t> words((static_cast<std::size_t>(length) + 3) / 4, 0);
   if (rank_ == 0) std::memcpy(words.data(), text.data(), text.size());
   MERIDIAN_RETURN_IF_ERROR(broadcast(words.data(), words.data(), words.size(), DataType::kI32, 0));
   MERIDIAN_ASSIGN_OR_RETURN(plan, parseAdmission(std::span<const std::uint8_t>(
-                                      reinterpret_cast<const std::uint8_t*>(words.data()), static_cast<std::size_t>(length))));
-  // Every member builds the grown communicator; all of them go over to it, or none does.
-  Result<std::unique_ptr<Communicator>> next =
-      buildThrough(std::move(owned), plan.store, rank_, static_cast<int>(plan.jobRanks.size()), options_,
-                   Lineage{plan.epoch, plan.jobRanks}, deadline, jobStore_);
+                                      reinterpret_cast<const std::uint8_t*>(words.data()), static_cast<std::size_t>(length)),
+                                  /*minRanks=*/1));
+  // Every staying member builds the new communicator; all of them go over to it, or none does.
+  const int newRank = static_cast<int>(std::find(staying.begin(), staying.end(), rank_) - staying.begin());
+  Result<std::unique_ptr<Communicator>> next = std::unique_ptr<Communicator>();
+  if (!leave) {
+    next = buildThrough(std::move(owned), plan.store, newRank, static_cast<int>(plan.jobRanks.size()), options_,
+                        Lineage{plan.epoch, plan.jobRanks}, deadline, jobStore_);
+  }
   std::int64_t built = next.isOk() ? 1 : 0;
   MERIDIAN_RETURN_IF_ERROR(allreduce(&built, &built, 1, DataType::kI64, ReduceOp::kMin));
   if (built == 0) {
-    return next.isOk() ? againStatus("another member could not build the grown communicator")
-                       : next.status().withContext("admitting the joiners");
+    return next.isOk() ? againStatus("another member could not build the new communicator")
+                       : next.status().withContext("changing the membership");
+  }
+  if (leave) {
+    MLOG_INFO(kCollectives, "left the job: membership epoch {} {{{}}} goes on without this rank", plan.epoch,
+              fmt::join(plan.jobRanks, ","));
+    return std::unique_ptr<Communicator>();
   }
   std::unique_ptr<Communicator> grown = std::move(next).value();
   {
     std::lock_guard<std::mutex> lock(mu_);  // store() reads owned_
     grown->owned_->previous = std::move(owned_);
   }
-  MLOG_INFO(kCollectives, "membership epoch {} {{{}}}: {} rank(s) joined", plan.epoch, fmt::join(plan.jobRanks, ","),
-            plan.jobRanks.size() - static_cast<std::size_t>(size_));
+  MLOG_INFO(kCollectives, "membership epoch {} {{{}}}: {} rank(s) joined, {} left", plan.epoch,
+            fmt::join(plan.jobRanks, ","), plan.jobRanks.size() - staying.size(), requests.leaving.size());
   return grown;
 }
 

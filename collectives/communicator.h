@@ -172,16 +172,35 @@ class Communicator {
   // members and the joiners, in which it has the last ranks.
   static Result<std::unique_ptr<Communicator>> join(const std::string& storeAddress, int jobRank,
                                                     const CommOptions& options, TimePoint deadline);
-  // Collective over the members: how many processes wait to join (rank 0 asks the job
-  // store, the others learn it from rank 0). 0 when this communicator has no job store.
-  Result<int> waitingJoiners();
-  // Collective over the members, after waitingJoiners() said some wait: admits them and
-  // returns the grown communicator (members keep their ranks, joiners follow in the order
-  // they asked), at the next membership epoch. This communicator stays as it was: when the
-  // grown one could not be built on every member by `deadline`, the members go on with it
-  // (the error says why); otherwise the caller retires it.
-  Result<std::unique_ptr<Communicator>> admitJoiners(TimePoint deadline);
-  // The caller went over to a successor (after admitJoiners, or one the survivors built) and
+  // What the members ask of the membership at a step boundary: processes waiting in the
+  // job store to join, and members that asked to leave (drain: they finish the step, hand
+  // over and go, and nobody sees an error).
+  struct MembershipRequests {
+    int joiners = 0;
+    std::vector<int> leaving;  // ranks of this communicator, ascending
+    bool any() const { return joiners > 0 || !leaving.empty(); }
+  };
+  // Collective over the members: every member says whether it asks to leave, rank 0 how
+  // many processes wait to join (0 when this communicator has no job store).
+  Result<MembershipRequests> membershipRequests(bool leave);
+  // Collective over the members (the leaving ones too), after membershipRequests() asked for
+  // something, with the requests it returned: the members that stay keep their order,
+  // joiners follow in the order they asked, at the next membership epoch. A staying member
+  // gets the new communicator; a leaving one gets null (it may go once this returned: the
+  // others are over on the new one). This communicator stays as it was: when the new one
+  // could not be built on every member by `deadline`, the members go on with it (the error
+  // says why); otherwise the caller retires it. kInvalidArgument when every member asks to
+  // leave (there is nobody to hand over to).
+  Result<std::unique_ptr<Communicator>> changeMembership(const MembershipRequests& requests, TimePoint deadline);
+  // A communicator over the ranks of this one that pass the same `color`, in this one's rank
+  // order (every rank of this one calls it, with no op in flight; every rank gets one, maybe
+  // of one rank). Its set-up goes through a store its first rank hosts; `name` labels its
+  // metrics and threads (CommOptions::name). It is never elastic itself: when this
+  // communicator's membership changes, or this one is retired, the child stops (its op in
+  // flight and every later one fail) and the caller splits the successor anew. Destroy the
+  // children before their parent.
+  Result<std::unique_ptr<Communicator>> split(int color, const std::string& name);
+  // The caller went over to a successor (after changeMembership, or one the survivors built) and
   // has no op in flight here: this communicator stops (its peers see it leave, not fail),
   // and later ops fail saying so. Idempotent.
   void retire();
@@ -263,6 +282,13 @@ class Communicator {
   // Hosts such a set-up store on this rank's first path (the server goes into `owned`);
   // returns its address.
   Result<std::string> hostSetUpStore(Owned& owned) const;
+  // The address of a set-up store, from `host` (who hosts it: `*address` holds it there) to
+  // every other rank of `members` over this communicator's channels (they proved the job
+  // secret) with `tag`; bounded and checked on receipt.
+  Status shareSetUpAddress(int host, const std::vector<int>& members, std::uint64_t tag, std::string* address,
+                           TimePoint deadline);
+  // The children split() made stop: `why` says so to their callers.
+  void stopChildren(const Status& why);
 
   Communicator(int rank, int worldSize, const CommOptions& resolved);
 
@@ -378,6 +404,10 @@ class Communicator {
   std::unique_ptr<Communicator> successor_;  // null once taken
   Status recoveryError_;
   std::thread recoveryThread_;
+  // split(): the children of this one, and the parent of this one (guarded by the parent's
+  // mu_; a child deregisters itself when destroyed).
+  std::vector<Communicator*> children_;
+  Communicator* parent_ = nullptr;
   std::mutex transportMu_;  // stopTransport() runs once
   bool transportStopped_ = false;
 };

@@ -46,6 +46,8 @@ inline constexpr std::uint64_t kMembershipTag = kControlTagBit | 3;
 // The rendezvous of a successor communicator (docs/elastic.md): its first member sends the
 // others the address of the store it hosts for the set-up.
 inline constexpr std::uint64_t kSuccessorTag = kControlTagBit | 4;
+// The same for a communicator split() makes (its first rank sends the others the address).
+inline constexpr std::uint64_t kSplitTag = kControlTagBit | 5;
 
 inline constexpr std::chrono::milliseconds kCheckpointSpacing{200};
 

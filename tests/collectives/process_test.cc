@@ -294,6 +294,16 @@ TEST(CollectivesProcessTest, ARankKilledMidAllreduceOverTcpTheSurvivorsGoOn) {
 TEST(CollectivesProcessTest, ARankKilledThenAJoinerTakesItsPlaceAndAllFourGoOn) {
   runWorld(4, {"MERIDIAN_TEST_SHRINK=2", "MERIDIAN_TEST_REJOIN=1", "MERIDIAN_ELASTIC=on"}, {2});
 }
+// Drain: a rank asks to leave; it goes once the others are over on a communicator without
+// it, and nobody's op fails (worker_main.cc checks every result).
+TEST(CollectivesProcessTest, ARankAsksToLeaveAndGoesWithoutAnyoneSeeingAnError) {
+  runWorld(4, {"MERIDIAN_TEST_DRAIN=1", "MERIDIAN_ELASTIC=on"});
+}
+// Communicators split from an elastic one stop when it loses a rank; split from the
+// successor, they compute correct results on the survivors.
+TEST(CollectivesProcessTest, SplitCommunicatorsStopWithTheirParentAndAreSplitAgainFromItsSuccessor) {
+  runWorld(4, {"MERIDIAN_TEST_SPLIT=3", "MERIDIAN_ELASTIC=on"}, {3});
+}
 // The first rank (the host of the job's store and the lowest member) is the one lost.
 TEST(CollectivesProcessTest, RankZeroKilledMidAllreduceTheSurvivorsGoOn) {
   runWorld(4, {"MERIDIAN_TEST_SHRINK=0", "MERIDIAN_ELASTIC=on"}, {0});

@@ -97,6 +97,121 @@ int main() {
     std::fprintf(stderr, "rank %d: 1000 allreduces and rank %s never died\n", c.rank(), victim);
     return 1;
   }
+  // MERIDIAN_TEST_DRAIN=v (with MERIDIAN_ELASTIC=on): checked allreduces; every iteration the
+  // members ask membershipRequests(), rank v asking to leave from the fifth on. It leaves
+  // (exit 0) once the others built the communicator without it; they run 10 more checked
+  // allreduces and the other collectives, and no op of anybody's fails.
+  if (const char* drainEnv = std::getenv("MERIDIAN_TEST_DRAIN"); drainEnv != nullptr) {
+    const int leaver = std::atoi(drainEnv);
+    std::unique_ptr<collectives::Communicator> owner = std::move(comm).value();
+    std::vector<float> buf(64 * 1024);
+    int end = 10;
+    for (int iter = 0; iter < end; ++iter) {
+      const int me = owner->jobRanks()[static_cast<std::size_t>(owner->rank())];
+      auto asked = owner->membershipRequests(me == leaver && iter >= 5);
+      if (!asked.isOk()) {
+        std::fprintf(stderr, "rank %d: membershipRequests: %s\n", me, asked.status().toString().c_str());
+        return 1;
+      }
+      if (!asked->leaving.empty()) {
+        auto next = owner->changeMembership(*asked, Clock::now() + std::chrono::seconds(30));
+        if (!next.isOk()) {
+          std::fprintf(stderr, "rank %d: changeMembership: %s\n", me, next.status().toString().c_str());
+          return 1;
+        }
+        if (me == leaver) {
+          if (next.value() != nullptr) return 1;  // a leaver gets no communicator
+          owner->retire();
+          std::fprintf(stderr, "rank %d: left at iteration %d\n", me, iter);
+          return 0;
+        }
+        owner->retire();
+        owner = std::move(next).value();
+        end = iter + 10;
+      }
+      fillShare(buf, *owner, iter);
+      if (Status st = owner->allreduce(buf.data(), buf.data(), buf.size(), DataType::kF32, ReduceOp::kSum); !st.isOk()) {
+        std::fprintf(stderr, "rank %d: allreduce %d: %s\n", me, iter, st.toString().c_str());
+        return 1;
+      }
+      if (const std::string e = expectShareSum(buf, *owner, iter); !e.empty()) {
+        std::fprintf(stderr, "rank %d: %s\n", me, e.c_str());
+        return 1;
+      }
+    }
+    std::vector<int> stayed;
+    for (int r = 0; r < n; ++r) {
+      if (r != leaver) stayed.push_back(r);
+    }
+    if (owner->jobRanks() != stayed || owner->membership().epoch != 1u) {
+      std::fprintf(stderr, "rank %d: job ranks %s at epoch %llu at the end\n", owner->rank(),
+                   fmt::format("{}", fmt::join(owner->jobRanks(), ",")).c_str(),
+                   static_cast<unsigned long long>(owner->membership().epoch));
+      return 1;
+    }
+    std::vector<std::string> failures = checkOtherCollectives(*owner);
+    for (const auto& f : failures) std::fprintf(stderr, "rank %d: %s\n", owner->rank(), f.c_str());
+    return failures.empty() ? 0 : 1;
+  }
+  // MERIDIAN_TEST_SPLIT=v (with MERIDIAN_ELASTIC=on): children split by job rank parity run
+  // checked allreduces; rank v kills itself in the fourth. Every survivor's child op fails,
+  // the survivors take the parent's successor, split it again, and the children's
+  // allreduces are right on the survivors.
+  if (const char* splitEnv = std::getenv("MERIDIAN_TEST_SPLIT"); splitEnv != nullptr) {
+    const int victim = std::atoi(splitEnv);
+    std::unique_ptr<collectives::Communicator> owner = std::move(comm).value();
+    std::vector<float> buf(64 * 1024);
+    int failures = 0;
+    for (int round = 0; round < 2; ++round) {
+      const int me = owner->jobRanks()[static_cast<std::size_t>(owner->rank())];
+      auto child = owner->split(me % 2, "sp");
+      if (!child.isOk()) {
+        std::fprintf(stderr, "rank %d: split: %s\n", me, child.status().toString().c_str());
+        return 1;
+      }
+      std::unique_ptr<collectives::Communicator> sub = std::move(child).value();
+      std::vector<int> want;
+      for (int m : owner->jobRanks()) {
+        if (m % 2 == me % 2) want.push_back(m);
+      }
+      if (sub->jobRanks() != want) {
+        std::fprintf(stderr, "rank %d: the child has job ranks %s\n", me, fmt::format("{}", fmt::join(sub->jobRanks(), ",")).c_str());
+        return 1;
+      }
+      // Round 0 runs until the loss stops the child (the other parity's too, by its parent),
+      // round 1 eight allreduces on the survivors.
+      bool cut = false;
+      const auto giveUp = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      for (int iter = 0; round == 0 ? std::chrono::steady_clock::now() < giveUp : iter < 8; ++iter) {
+        if (me == victim && iter == 3) std::raise(SIGKILL);
+        fillShare(buf, *sub, iter);
+        if (Status st = sub->allreduce(buf.data(), buf.data(), buf.size(), DataType::kF32, ReduceOp::kSum); !st.isOk()) {
+          std::fprintf(stderr, "rank %d: child allreduce %d: %s\n", me, iter, st.toString().c_str());
+          cut = true;
+          break;
+        }
+        if (const std::string e = expectShareSum(buf, *sub, iter); !e.empty()) {
+          std::fprintf(stderr, "rank %d: %s\n", me, e.c_str());
+          return 1;
+        }
+      }
+      if (!cut) continue;
+      ++failures;
+      sub.reset();  // children go before their parent
+      auto next = owner->successor(Clock::now() + std::chrono::seconds(30));
+      if (!next.isOk()) {
+        std::fprintf(stderr, "rank %d: no successor: %s\n", me, next.status().toString().c_str());
+        return 1;
+      }
+      owner = std::move(next).value();
+    }
+    // Every survivor's child saw the loss once (the other parity's too: the parent stopped it).
+    if (failures != 1 || owner->size() != n - 1) {
+      std::fprintf(stderr, "rank %d: %d failures, %d ranks at the end\n", owner->rank(), failures, owner->size());
+      return 1;
+    }
+    return 0;
+  }
   // MERIDIAN_TEST_SHRINK=v (with MERIDIAN_ELASTIC=on): allreduces of rank-dependent values,
   // checked, until rank v kills itself (SIGKILL) at the start of its fifth, while the others
   // are in it with it. Every survivor must see that op aborted, take the successor (the
@@ -129,15 +244,16 @@ int main() {
           char* argv[] = {const_cast<char*>("/proc/self/exe"), nullptr};
           if (posix_spawn(&joiner, "/proc/self/exe", nullptr, nullptr, argv, envp.data()) != 0) return 1;
         }
-        auto pending = owner->waitingJoiners();
+        auto pending = owner->membershipRequests(false);
         if (!pending.isOk()) return 1;
-        if (*pending > 0) {
-          auto g = owner->admitJoiners(Clock::now() + std::chrono::seconds(30));
+        if (pending->joiners > 0) {
+          auto g = owner->changeMembership(*pending, Clock::now() + std::chrono::seconds(30));
           if (!g.isOk()) {
             std::fprintf(stderr, "rank %d: admitting: %s\n", owner->rank(), g.status().toString().c_str());
             return 1;
           }
           owner = std::move(g).value();
+          if (!owner) return 1;  // a member that stays gets the new communicator
           grown = true;
           std::int64_t at = iter;
           if (!owner->broadcast(&at, &at, 1, DataType::kI64, 0).isOk()) return 1;
