@@ -171,6 +171,7 @@ Result<std::unique_ptr<Communicator>> Communicator::build(bootstrap::Store& stor
   comm->elastic_ = elastic == "on";
   comm->jobRanks_ = std::move(lineage.jobRanks);
   comm->epoch_ = lineage.epoch;
+  comm->split_ = lineage.split;
   comm->jobStore_ = &store;  // a successor's caller puts the job's store back
 
   MERIDIAN_ASSIGN_OR_RETURN(const std::string routingMode, readKnobChoice(knobs::kRouting, opts.routing));
@@ -425,6 +426,7 @@ Status Communicator::startRouting(bootstrap::Store& store, const std::string& ba
     rc.adaptive = adaptive_;
     rc.regionNames = regionNames_;
     rc.startEpoch = epoch_;
+    rc.reportMembership = !split_;
     rc.onView = [this](const bootstrap::membership::View& v, bool evicted) { onView(v, evicted); };
     rc.onCutOff = [this](std::size_t reachable, const bootstrap::membership::View& v) { onCutOff(reachable, v); };
     if (relay_) {
@@ -854,7 +856,7 @@ Result<std::unique_ptr<Communicator>> Communicator::split(int color, const std::
     if (colors[static_cast<std::size_t>(r)] == mine) group.push_back(r);
   }
   const int newRank = static_cast<int>(std::find(group.begin(), group.end(), rank_) - group.begin());
-  Lineage lineage{epoch_, {}};
+  Lineage lineage{epoch_, {}, /*split=*/true};
   for (int m : group) lineage.jobRanks.push_back(jobRanks_[static_cast<std::size_t>(m)]);
   auto owned = std::make_unique<Owned>();
   std::string address;

@@ -269,6 +269,7 @@ class Communicator {
   struct Lineage {
     std::uint64_t epoch = 0;
     std::vector<int> jobRanks;  // empty: identity
+    bool split = false;         // made by split(): a subset of its parent's ranks
   };
   static Result<std::unique_ptr<Communicator>> build(bootstrap::Store& store, int rank, int worldSize,
                                                      const CommOptions& options, Lineage lineage);
@@ -348,6 +349,7 @@ class Communicator {
   const int size_;
   CommOptions options_;  // as resolved by create(), for a successor
   bool elastic_ = false;
+  bool split_ = false;  // made by split()
   std::vector<int> jobRanks_;
   std::uint64_t epoch_ = 0;
   // The job's store (join requests), whoever owns it: this communicator's creator, or the

@@ -101,8 +101,10 @@ void RoutingControl::start() {
       postMembershipReceive(p);
     }
   }
-  membershipEpoch().set(static_cast<double>(options_.startEpoch));
-  membershipSize().set(size_);
+  if (options_.reportMembership) {
+    membershipEpoch().set(static_cast<double>(options_.startEpoch));
+    membershipSize().set(size_);
+  }
   const TimePoint now = Clock::now();
   nextRow_ = now;
   nextReplan_ = now;
@@ -278,8 +280,10 @@ void RoutingControl::runMembership(TimePoint now) {
     } else {
       MLOG_INFO(kRouting, "membership {}: agreed by a majority of the previous view", v.toString());
     }
-    membershipEpoch().set(static_cast<double>(v.epoch));
-    membershipSize().set(static_cast<double>(v.members.size()));
+    if (options_.reportMembership) {
+      membershipEpoch().set(static_cast<double>(v.epoch));
+      membershipSize().set(static_cast<double>(v.members.size()));
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       view_ = v;

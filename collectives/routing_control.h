@@ -77,6 +77,9 @@ struct RoutingControlOptions {
   // than a majority of the view reachable (its own side of a partition cannot agree on
   // anything): `reachable` counts this rank too.
   std::function<void(std::size_t reachable, const bootstrap::membership::View& view)> onCutOff;
+  // Sets the process's membership gauges (meridian_membership_*): the job's communicator
+  // does; one split from it (a subset of the ranks) does not.
+  bool reportMembership = true;
 };
 
 class RoutingControl {

@@ -77,6 +77,9 @@
     "successor over them, and its ops fail with `aborted: membership epoch N` until the caller "    \
     "takes it (Communicator::successor, docs/elastic.md); off: a lost rank breaks it for good. "    \
     "meridian-train turns it on unless --elastic off.")                                             \
+  CHOICE(kJoin, "MERIDIAN_JOIN", "off", "on|off",                                                   \
+    "on: meridian-train joins the running elastic job at MERIDIAN_STORE (as --join does), asking "  \
+    "for MERIDIAN_RANK back; meridian-lab restarts a node's rank with it (docs/elastic.md).")       \
   INT(kSmallAllreduceBytes, "MERIDIAN_SMALL_ALLREDUCE_BYTES", "65536", 0, INT64_C(1) << 40,         \
     "Allreduce messages up to this size use recursive doubling; larger ones use the ring.")         \
   INT(kRingSegmentBytes, "MERIDIAN_RING_SEGMENT_BYTES", "1048576", 1024, INT64_C(1) << 34,          \

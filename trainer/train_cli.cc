@@ -1,10 +1,13 @@
 #include "trainer/train_cli.h"
 
+#include <atomic>
 #include <charconv>
+#include <csignal>
 #include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 
@@ -132,6 +135,21 @@ void writeJson(const std::string& path, const TrainConfig& cfg, const TrainSumma
   if (!out) std::fprintf(stderr, "meridian-train: could not write %s\n", path.c_str());
 }
 
+// Elastic: the first SIGTERM asks this rank to leave (drain): it finishes its step, hands
+// over at the next membership boundary and exits 0, and nobody sees an error. The handler
+// then reverts to the default, so a second SIGTERM ends the process at once.
+std::atomic<bool> gLeaveRequested{false};
+void onLeaveSignal(int) { gLeaveRequested.store(true); }
+
+Status handleLeaveSignal() {
+  struct sigaction sa {};
+  sa.sa_handler = onLeaveSignal;
+  sa.sa_flags = SA_RESETHAND | SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  if (::sigaction(SIGTERM, &sa, nullptr) != 0) return internalError("cannot handle SIGTERM: {}", std::strerror(errno));
+  return Status();
+}
+
 int runRank(const TrainConfig& given, const Args& a, SyncComm* external, const RankHook& onJoined) {
   TrainConfig cfg = given;
   // The backend first: a bad --device fails before anyone waits at the store.
@@ -154,10 +172,17 @@ int runRank(const TrainConfig& given, const Args& a, SyncComm* external, const R
   ctx.commOptions.elastic = a.elastic;
   ctx.external = external;
   bootstrap::LaunchInfo launch;
+  // MERIDIAN_JOIN=on (meridian-lab restarting a node's rank) is --join.
+  const Result<std::string> joinKnob = readKnobChoice(knobs::kJoin);
+  if (!joinKnob.isOk()) {
+    std::fprintf(stderr, "meridian-train: %s\n", joinKnob.status().message().c_str());
+    return 2;
+  }
+  const bool join = external == nullptr && (a.join || joinKnob.value() == "on");
   if (external != nullptr) {
     launch.rank = external->rank();
     launch.worldSize = external->size();
-  } else if (a.join) {
+  } else if (join) {
     // A joiner: the job's store and secret from the environment, and MERIDIAN_RANK (when set)
     // the job rank it asks for back.
     launch.storeAddress = knobString(knobs::kStore);
@@ -192,8 +217,17 @@ int runRank(const TrainConfig& given, const Args& a, SyncComm* external, const R
     return 2;
   }
   std::unique_ptr<collectives::Communicator> comm;
-  if (a.elastic == "on" && external == nullptr) ctx.rejoinStore = launch.storeAddress;
-  if (a.join) {
+  if (a.elastic == "on" && external == nullptr) {
+    ctx.rejoinStore = launch.storeAddress;
+    if (cfg.joinCheckEvery > 0) {  // with no membership boundary, SIGTERM ends the rank as usual
+      if (Status st = handleLeaveSignal(); !st.isOk()) {
+        std::fprintf(stderr, "meridian-train: %s\n", st.message().c_str());
+        return 1;
+      }
+      ctx.leaveRequested = &gLeaveRequested;
+    }
+  }
+  if (join) {
     auto c = collectives::Communicator::join(launch.storeAddress, launch.rank, ctx.commOptions,
                                              Clock::now() + std::chrono::minutes(10));
     if (!c.isOk()) {
@@ -220,6 +254,11 @@ int runRank(const TrainConfig& given, const Args& a, SyncComm* external, const R
   if (!result.isOk()) {
     std::fprintf(stderr, "meridian-train rank %d: %s\n", launch.rank, result.status().toString().c_str());
     return result.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  if (result->left) {
+    std::fprintf(stderr, "meridian-train rank %d: left the job at step %lld as asked; the others go on\n", launch.rank,
+                 static_cast<long long>(result->finalStep));
+    return 0;
   }
   if (result->rank == 0) {  // rank 0 of the membership at the end (job rank 0 may be gone)
     printSummary(cfg, *result, backend->describe());
@@ -300,7 +339,9 @@ int trainCli(int argc, char** argv, SyncComm* external, const RankHook& onJoined
                  "the step and the state");
   }
   app.add_option("--join-check-every", cfg.joinCheckEvery,
-                 "Elastic: steps between the members' checks for ranks waiting to join (0: admit none)")
+                 "Elastic: steps between the membership boundaries, where ranks waiting to join come in and ranks "
+                 "sent SIGTERM leave (drain); with an outer sync (diloco, hybrid) the nearest multiple of -H. 0: "
+                 "none (nobody joins, SIGTERM ends a rank at once)")
       ->check(CLI::Range(0, INT_MAX));
   app.add_flag("--quiet", cfg.quiet, "No progress lines");
   try {

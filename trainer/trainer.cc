@@ -44,6 +44,11 @@ Counter& membershipChanges() {
                                            "Membership changes the training went on through (ranks lost)");
 }
 
+Gauge& worldSizeGauge() {
+  return MetricsRegistry::global().gauge("meridian_trainer_world_size",
+                                         "Ranks this rank trains with (0 while it is out of the job and asks to join again)");
+}
+
 Histogram& recoverySeconds() {
   return MetricsRegistry::global().histogram(
       "meridian_trainer_recovery_seconds",
@@ -236,8 +241,15 @@ class Run {
   int localBatch() const {
     return static_cast<int>(static_cast<std::int64_t>(cfg_.globalBatch) * (rank_ + 1) / world_) - batchBegin();
   }
-  // Survives lost ranks: the world communicator is elastic (hybrid is not yet).
-  bool elastic() const { return comm_ != nullptr && comm_->elastic() && cfg_.sync != SyncMode::kHybrid; }
+  // Survives lost ranks: the world communicator is elastic (hybrid's region and cross-region
+  // communicators are split from it, and split anew after each membership change).
+  bool elastic() const { return comm_ != nullptr && comm_->elastic(); }
+  // Hybrid: the region and cross-region communicators, split from the world communicator in
+  // force, and the syncs over them.
+  Status setUpHybrid();
+  // The outer sync, and for a rank of a region larger than the smallest, its result from
+  // the region's first rank.
+  Status syncOuter();
   // After a collective failed with `failure` (elastic): takes the successor communicator,
   // binds the sync to it, and brings every survivor to the state of the one furthest ahead.
   // Positions say where a rank's state is: 2s after s whole steps (at a boundary, or cut in
@@ -249,9 +261,9 @@ class Run {
   // What a rank's training state is, by checkpoint section name: parameters, the optimizer's
   // moments, DiLoCo's anchor and momentum (paramCount floats each, backend memory).
   std::vector<std::pair<const char*, float*>> stateParts() const;
-  // The survivors' state from `source` (stateParts and the optimizer's step count), checked
-  // by digest.
-  Status adoptState(int source);
+  // `source`'s state (stateParts and the optimizer's step count) sent to every rank and
+  // checked by digest; taken in where `take` (else the rank keeps its own).
+  Status adoptState(int source, bool take = true);
   // Runs `op`, a collective at a boundary (an evaluation, a checkpoint, the joiners' check)
   // at `position`. True when a lost rank cut it: it is not run again, and every survivor goes
   // on from `*agreed` (recover).
@@ -259,11 +271,12 @@ class Run {
   // Makes `next` the world communicator (owned here): the sync modes, ranks and regions
   // follow it.
   Status bindTo(std::unique_ptr<Communicator> next);
-  // After ranks joined (on every member and joiner): every rank learns rank 0's step, checks
-  // it decoded the same data, and takes rank 0's state.
-  Status welcome(std::int64_t* step);
-  // Members, at a step boundary: admits the ranks waiting to join, if any.
-  Status admitJoiners(std::int64_t* step);
+  // After a membership change (on every member and joiner): every rank learns rank 0's
+  // step and checks it decoded the same data; the joiners take rank 0's state.
+  Status welcome(std::int64_t* step, bool joining);
+  // Members, at a step boundary: admits the ranks waiting to join and lets go of the ones
+  // asking to leave (ctx.leaveRequested), if any; `*left` turns true on a rank that left.
+  Status changeMembership(std::int64_t* step, bool* left);
   // A rank the others went on without asks to join again (ctx.rejoinStore).
   Result<std::int64_t> rejoin(const Status& why);
   void log(const std::string& line) const {
@@ -288,6 +301,7 @@ class Run {
   SyncComm* sync_ = nullptr;  // the world's collectives (Meridian's, or ctx.external)
   std::unique_ptr<Communicator> regionComm_, crossComm_;
   std::unique_ptr<MeridianSyncComm> regionSync_, crossSync_;
+  bool relayOuter_ = false;  // hybrid, uneven regions: this region relays the outer step
   std::unique_ptr<GradientSync> gradSync_;
   std::unique_ptr<OuterSync> outerSync_;
   std::vector<CommUse> comms_;
@@ -345,49 +359,80 @@ Status Run::setUpSync() {
     outerSync_ = std::make_unique<OuterSync>(backend_, nullptr, *model_, cfg_.outer, Wire::kF32);
     return Status();
   }
-  if (ctx_.store == nullptr) return invalidArgument("--sync hybrid needs the rendezvous store");
-  const int myRegion = regionOf_[static_cast<std::size_t>(rank_)];
   const int regionCount = *std::max_element(regionOf_.begin(), regionOf_.end()) + 1;
   if (regionCount < 2)
     return invalidArgument("--sync hybrid needs ranks in at least two regions, and all {} ranks are in one: set "
                            "MERIDIAN_REGION on every rank (meridian-lab does; meridian-train --ranks takes --regions)",
                            world_);
-  std::vector<std::vector<int>> members(static_cast<std::size_t>(regionCount));
+  outerSync_ = std::make_unique<OuterSync>(backend_, nullptr, *model_, cfg_.outer, cfg_.wire);
+  MERIDIAN_RETURN_IF_ERROR(setUpHybrid());
+  log(fmt::format("hybrid: {} regions of {} ranks; gradients averaged in the region every step, models across "
+                  "regions every {} steps",
+                  regionCount, regionComm_->size(), cfg_.innerSteps));
+  return Status();
+}
+
+Status Run::setUpHybrid() {
+  // Regions by name in the order they first appear (a membership change may leave them
+  // uneven: the cross-region communicators then cover the local indices every region has).
+  const std::vector<std::string>& names = comm_->regionNames();
+  std::vector<std::string> order;
+  regionOf_.assign(static_cast<std::size_t>(world_), 0);
+  for (int r = 0; r < world_; ++r) {
+    const std::string& name = static_cast<std::size_t>(r) < names.size() ? names[static_cast<std::size_t>(r)] : "";
+    const auto at = std::find(order.begin(), order.end(), name);
+    regionOf_[static_cast<std::size_t>(r)] = static_cast<int>(at - order.begin());
+    if (at == order.end()) order.push_back(name);
+  }
+  std::vector<std::vector<int>> members(order.size());
   for (int r = 0; r < world_; ++r) members[static_cast<std::size_t>(regionOf_[static_cast<std::size_t>(r)])].push_back(r);
-  for (const auto& m : members)
-    if (m.size() != members.front().size())
-      return invalidArgument("--sync hybrid needs regions of equal size (region sizes differ: {} vs {})", m.size(),
-                             members.front().size());
+  std::size_t common = members.front().size();
+  for (const auto& m : members) common = std::min(common, m.size());
+  const int myRegion = regionOf_[static_cast<std::size_t>(rank_)];
   const auto& mine = members[static_cast<std::size_t>(myRegion)];
   const int localIndex = static_cast<int>(std::find(mine.begin(), mine.end(), rank_) - mine.begin());
-  collectives::CommOptions opts = ctx_.commOptions;
-  opts.storePrefix = fmt::format("meridian/train/region{}", myRegion);
-  opts.name = "in";  // metrics and threads: "in<rank>" inside the region, "x<rank>" across
-  MERIDIAN_ASSIGN_OR_RETURN(regionComm_, Communicator::create(*ctx_.store, localIndex, static_cast<int>(mine.size()), opts));
+  // Split from the world communicator: when its membership changes they stop with it.
+  MERIDIAN_ASSIGN_OR_RETURN(regionComm_, comm_->split(myRegion, "in"));  // metrics "in<rank>", "x<rank>"
   comms_.push_back(CommUse{regionComm_.get(), mine});
-  opts.storePrefix = fmt::format("meridian/train/cross{}", localIndex);
-  opts.name = "x";
+  // A rank past the local indices every region has sits out the cross-region sync and takes
+  // its result from its region's first rank (relayOuter_).
+  const bool crosses = static_cast<std::size_t>(localIndex) < common;
+  MERIDIAN_ASSIGN_OR_RETURN(crossComm_, comm_->split(crosses ? localIndex : -1 - rank_, "x"));
   std::vector<int> cross;
-  for (const auto& m : members) cross.push_back(m[static_cast<std::size_t>(localIndex)]);
-  MERIDIAN_ASSIGN_OR_RETURN(crossComm_, Communicator::create(*ctx_.store, myRegion, regionCount, opts));
+  if (crosses) {
+    for (const auto& m : members) cross.push_back(m[static_cast<std::size_t>(localIndex)]);
+  } else {
+    cross.push_back(rank_);
+  }
   comms_.push_back(CommUse{crossComm_.get(), cross});
+  relayOuter_ = mine.size() > common;
   // Their per-peer series name the peers' regions, as the world communicator's do.
-  const std::vector<std::string>& names = world->regionNames();
   for (const CommUse& use : {comms_[comms_.size() - 2], comms_.back()}) {
     std::vector<std::string> memberRegions;
-    for (int r : use.worldRanks)
-      memberRegions.push_back(static_cast<std::size_t>(r) < names.size() ? names[static_cast<std::size_t>(r)] : "");
+    for (int r : use.worldRanks) memberRegions.push_back(order[static_cast<std::size_t>(regionOf_[static_cast<std::size_t>(r)])]);
     use.comm->labelPeerMetrics(memberRegions);
   }
   regionSync_ = std::make_unique<MeridianSyncComm>(*regionComm_);
   crossSync_ = std::make_unique<MeridianSyncComm>(*crossComm_);
+  const std::size_t bucketBytes = static_cast<std::size_t>(cfg_.bucketMb * 1024 * 1024);
   MERIDIAN_ASSIGN_OR_RETURN(gradSync_, GradientSync::create(backend_, regionComm_->size() > 1 ? regionSync_.get() : nullptr,
                                                              *model_, bucketBytes, cfg_.wire));
-  outerSync_ = std::make_unique<OuterSync>(backend_, crossComm_->size() > 1 ? crossSync_.get() : nullptr, *model_,
-                                           cfg_.outer, cfg_.wire);
-  log(fmt::format("hybrid: {} regions of {} ranks; gradients averaged in the region every step, models across "
-                  "regions every {} steps",
-                  regionCount, mine.size(), cfg_.innerSteps));
+  outerSync_->rebind(crossComm_->size() > 1 ? crossSync_.get() : nullptr);
+  return Status();
+}
+
+Status Run::syncOuter() {
+  MERIDIAN_RETURN_IF_ERROR(outerSync_->sync());
+  if (!relayOuter_) return Status();
+  // Uneven regions: every rank of this region takes the outer step's result from its first
+  // rank (that one's cross-region sync covered every region), bit for bit.
+  const std::size_t n = model_->paramCount();
+  std::vector<float> host(n);
+  for (float* part : {model_->params(), outerSync_->anchor(), outerSync_->velocity()}) {
+    backend_.copyToHost(host.data(), part, n * sizeof(float));
+    MERIDIAN_RETURN_IF_ERROR(regionComm_->broadcast(host.data(), host.data(), n, kernels::DataType::kF32, 0));
+    backend_.copyToDevice(part, host.data(), n * sizeof(float));
+  }
   return Status();
 }
 
@@ -482,6 +527,12 @@ Status Run::agreeOnFailure(const Status& mine, std::string_view what) {
 
 Status Run::bindTo(std::unique_ptr<Communicator> next) {
   gradSync_.reset();  // its buckets were on the old communicator
+  // Hybrid: the old communicator's children go first (they stopped with it).
+  if (outerSync_) outerSync_->rebind(nullptr);
+  regionSync_.reset();
+  crossSync_.reset();
+  regionComm_.reset();
+  crossComm_.reset();
   Communicator* old = comm_;
   successors_.push_back(std::move(next));
   comm_ = successors_.back().get();
@@ -498,6 +549,7 @@ Status Run::bindTo(std::unique_ptr<Communicator> next) {
   world_ = comm_->size();
   worldSizes_.push_back(world_);
   membershipChanges().add();
+  worldSizeGauge().set(world_);
   comms_.assign(1, CommUse{comm_, {}});
   for (int r = 0; r < world_; ++r) comms_[0].worldRanks.push_back(r);
   const routing::RegionAssignment regions = comm_->regions();
@@ -505,6 +557,9 @@ Status Run::bindTo(std::unique_ptr<Communicator> next) {
   if (cfg_.sync == SyncMode::kDdp) {
     const std::size_t bucketBytes = static_cast<std::size_t>(cfg_.bucketMb * 1024 * 1024);
     MERIDIAN_ASSIGN_OR_RETURN(gradSync_, GradientSync::create(backend_, sync_, *model_, bucketBytes, cfg_.wire));
+  }
+  if (cfg_.sync == SyncMode::kHybrid) {
+    return setUpHybrid();
   }
   return Status();
 }
@@ -559,55 +614,79 @@ Result<std::int64_t> Run::rejoin(const Status& why) {
   if (ctx_.rejoinStore.empty()) return why;
   const int jobRank = comm_->jobRanks()[static_cast<std::size_t>(comm_->rank())];
   MLOG_WARN(kTrainer, "job rank {} asks to join the job again ({}): {}", jobRank, ctx_.rejoinStore, why.message());
+  worldSizeGauge().set(0);
   auto joined = Communicator::join(ctx_.rejoinStore, jobRank, ctx_.commOptions, Clock::now() + kRejoinWait);
   if (!joined.isOk()) return commError("{}; and could not join again: {}", why.toString(), joined.status().toString());
   MERIDIAN_RETURN_IF_ERROR(bindTo(std::move(joined).value()));
   std::int64_t step = 0;
-  MERIDIAN_RETURN_IF_ERROR(welcome(&step));
+  MERIDIAN_RETURN_IF_ERROR(welcome(&step, /*joining=*/true));
   return 2 * step;  // the members admit ranks at a boundary
 }
 
-Status Run::welcome(std::int64_t* step) {
+Status Run::welcome(std::int64_t* step, bool joining) {
   MERIDIAN_RETURN_IF_ERROR(comm_->broadcast(step, step, 1, kernels::DataType::kI64, 0));
   MERIDIAN_RETURN_IF_ERROR(checkSameOnEveryRank(sync_, dataDigest_, "data (after ranks joined)"));
-  return adoptState(0);
+  // The members keep their own state (DiLoCo's and hybrid's inner optimizers differ between
+  // ranks); the joiners take rank 0's.
+  return adoptState(0, joining);
 }
 
-Status Run::admitJoiners(std::int64_t* step) {
+Status Run::changeMembership(std::int64_t* step, bool* left) {
   const auto start = Clock::now();
-  MERIDIAN_ASSIGN_OR_RETURN(const int waiting, comm_->waitingJoiners());
-  if (waiting == 0) return Status();
+  const bool leave = ctx_.leaveRequested != nullptr && ctx_.leaveRequested->load();
+  MERIDIAN_ASSIGN_OR_RETURN(const Communicator::MembershipRequests asked, comm_->membershipRequests(leave));
+  if (!asked.any()) return Status();
+  if (asked.leaving.size() == static_cast<std::size_t>(world_)) {
+    return commError("stopped at step {}: every rank was asked to leave (SIGTERM), so there is nobody to hand over "
+                     "to{}",
+                     *step, lastCheckpointStep_ >= 0 ? fmt::format("; the last checkpoint is step {} in {}",
+                                                                   lastCheckpointStep_, cfg_.checkpointDir)
+                                                     : std::string());
+  }
   const int before = world_;
-  auto grown = comm_->admitJoiners(Clock::now() + kAdmitWait);
-  if (!grown.isOk()) {
-    MLOG_WARN(kTrainer, "could not admit the {} rank(s) waiting to join: {}", waiting, grown.status().toString());
+  const std::vector<int> jobRanksBefore = comm_->jobRanks();
+  auto next = comm_->changeMembership(asked, Clock::now() + kAdmitWait);
+  if (!next.isOk()) {
+    MLOG_WARN(kTrainer, "could not change the membership ({} waiting to join, {} asking to leave): {}", asked.joiners,
+              asked.leaving.size(), next.status().toString());
     return Status();  // the members go on as they were
   }
-  MERIDIAN_RETURN_IF_ERROR(bindTo(std::move(grown).value()));
-  MERIDIAN_RETURN_IF_ERROR(welcome(step));
-  const double sec = secondsSince(start);
-  log(fmt::format("membership: {} -> {} ranks (job ranks {}); {} joined at step {}, state handed over in {:.2f} s",
-                  before, world_, fmt::join(comm_->jobRanks(), ","), world_ - before, *step, sec));
+  if (next.value() == nullptr) {  // this rank left: the others are over on the new one
+    comm_->retire();
+    *left = true;
+    worldSizeGauge().set(0);
+    MLOG_WARN(kTrainer, "left the job at step {} as asked (SIGTERM): {} rank(s) go on without this one", *step,
+              before - static_cast<int>(asked.leaving.size()) + asked.joiners);
+    return Status();
+  }
+  MERIDIAN_RETURN_IF_ERROR(bindTo(std::move(next).value()));
+  MERIDIAN_RETURN_IF_ERROR(welcome(step, /*joining=*/false));
+  std::vector<int> gone;
+  for (int r : asked.leaving) gone.push_back(jobRanksBefore[static_cast<std::size_t>(r)]);
+  log(fmt::format("membership: {} -> {} ranks (job ranks {}); {} joined{}, at step {}, state handed over in {:.2f} s",
+                  before, world_, fmt::join(comm_->jobRanks(), ","), world_ - before + static_cast<int>(gone.size()),
+                  gone.empty() ? std::string() : fmt::format(", job rank(s) {} left as asked", fmt::join(gone, ",")),
+                  *step, secondsSince(start)));
   return Status();
 }
 
-Status Run::adoptState(int source) {
+Status Run::adoptState(int source, bool take) {
   const std::size_t n = model_->paramCount();
   std::vector<float> host(n);
-  std::vector<std::uint8_t> all;  // what the digest covers
+  std::vector<std::uint8_t> all;  // what the digest covers: what `source` sent
   for (const auto& [name, part] : stateParts()) {
     backend_.copyToHost(host.data(), part, n * sizeof(float));
     MERIDIAN_RETURN_IF_ERROR(comm_->broadcast(host.data(), host.data(), n, kernels::DataType::kF32, source));
-    backend_.copyToDevice(part, host.data(), n * sizeof(float));
+    if (take) backend_.copyToDevice(part, host.data(), n * sizeof(float));
     const auto* bytes = reinterpret_cast<const std::uint8_t*>(host.data());
     all.insert(all.end(), bytes, bytes + n * sizeof(float));
   }
   std::int64_t optSteps = opt_->steps();
   MERIDIAN_RETURN_IF_ERROR(comm_->broadcast(&optSteps, &optSteps, 1, kernels::DataType::kI64, source));
-  opt_->setSteps(optSteps);
+  if (take) opt_->setSteps(optSteps);
   backend_.synchronize();
-  // Bit-exact on every survivor, or nobody goes on.
-  return checkSameOnEveryRank(sync_, sha256({all}), "the state adopted after a membership change");
+  // Bit-exact on every rank, or nobody goes on.
+  return checkSameOnEveryRank(sync_, sha256({all}), "the state handed over after a membership change");
 }
 
 Result<bool> Run::atBoundary(const std::function<Status()>& op, std::int64_t position, std::int64_t* agreed) {
@@ -798,6 +877,7 @@ Result<TrainSummary> Run::go() {
   lowerComputePriority();
   Metrics metrics(rank_, cfg_.sync);
   (void)membershipChanges();  // a series from the start (0), for the dashboard's membership panel
+  worldSizeGauge().set(world_);
 
   std::int64_t step = 0;
   if (!cfg_.checkpointDir.empty()) {
@@ -827,7 +907,7 @@ Result<TrainSummary> Run::go() {
   if (ctx_.joined) {
     // The members are in their welcome at a step boundary: the step and the state come from
     // rank 0.
-    MERIDIAN_RETURN_IF_ERROR(welcome(&step));
+    MERIDIAN_RETURN_IF_ERROR(welcome(&step, /*joining=*/true));
     log(fmt::format("joined at step {} as rank {} of {}", step, rank_, world_));
   }
   // The one-rank baseline: rank 0 alone on the machine while the others wait.
@@ -855,6 +935,12 @@ Result<TrainSummary> Run::go() {
   const auto start = Clock::now();
   std::uint64_t payload = 0;
   const int evalEvery = cfg_.evalEvery > 0 ? cfg_.evalEvery : static_cast<int>(stepsPerEpoch);
+  // Elastic: steps between membership boundaries; with an outer sync, a multiple of H.
+  std::int64_t membershipEvery = cfg_.joinCheckEvery > 0 ? cfg_.joinCheckEvery : INT64_MAX;
+  if (outerSync_ && cfg_.joinCheckEvery > 0) {
+    membershipEvery = cfg_.innerSteps * std::max<std::int64_t>(1, std::llround(static_cast<double>(cfg_.joinCheckEvery) /
+                                                                              cfg_.innerSteps));
+  }
 
   // Elastic: where a recovery puts this rank, the same on every survivor (see recover).
   bool outerPending = false;
@@ -923,7 +1009,7 @@ Result<TrainSummary> Run::go() {
       const auto ts = Clock::now();
       // Cut by a lost rank: again on the survivors, unless one of them finished it (then
       // every survivor took its state, the outer step included, and goes on from there).
-      if (const Status synced = outerSync_->sync(); !synced.isOk()) {
+      if (const Status synced = syncOuter(); !synced.isOk()) {
         MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t agreed, recover(synced, 2 * step - 1, ts));
         jumpTo(agreed);
         continue;
@@ -998,13 +1084,23 @@ Result<TrainSummary> Run::go() {
         continue;
       }
     }
-    // A step boundary every member agrees on: ranks waiting to join come in here.
-    if (elastic() && cfg_.joinCheckEvery > 0 && step % cfg_.joinCheckEvery == 0 && step != totalSteps) {
+    // A step boundary every member agrees on: ranks waiting to join come in here, and ranks
+    // asked to leave go. With an outer sync, right after one: every rank holds the same
+    // model then, so a joiner starts from it and a leaver takes no inner progress away.
+    if (elastic() && step % membershipEvery == 0 && step != totalSteps) {
       const std::int64_t boundary = step;
-      MERIDIAN_ASSIGN_OR_RETURN(const bool cut, atBoundary([&] { return admitJoiners(&step); }, 2 * step, &agreed));
+      bool left = false;
+      MERIDIAN_ASSIGN_OR_RETURN(const bool cut,
+                                atBoundary([&] { return changeMembership(&step, &left); }, 2 * step, &agreed));
       if (cut) {
         jumpTo(agreed);
         continue;
+      }
+      if (left) {
+        sum.left = true;
+        sum.finalStep = step;
+        sum.worldSizes = worldSizes_;
+        return sum;
       }
       if (step != boundary) return internalError("ranks joined at step {} while this rank was at step {}", step, boundary);
     }

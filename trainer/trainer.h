@@ -37,6 +37,7 @@
 // skipped when choosing where to resume.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -135,6 +136,9 @@ struct TrainSummary {
   std::vector<int> worldSizes;
   double recoverySec = 0;
   int membershipChanges() const { return worldSizes.empty() ? 0 : static_cast<int>(worldSizes.size()) - 1; }
+  // This rank left the job as asked (drain, TrainContext::leaveRequested) at finalStep; the
+  // others went on (no other figure is filled in).
+  bool left = false;
   std::vector<float> params;     // the final parameters (host copy), for tests and tools
 };
 
@@ -154,6 +158,10 @@ struct TrainContext {
   // Elastic: where a rank the others went on without asks to join again (the job's store,
   // MERIDIAN_STORE); empty: it stops instead.
   std::string rejoinStore;
+  // Elastic: turns true when this rank is asked to leave (meridian-train: SIGTERM). At the
+  // next membership boundary it hands over and returns a summary with `left` set; the
+  // others see no error.
+  const std::atomic<bool>* leaveRequested = nullptr;
 };
 
 // The checks that need no data and no peers (batch divisible by the world size, option

@@ -53,6 +53,7 @@ PLAIN = {
     "meridian_trainer_steps_total",
     "meridian_trainer_sync_payload_bytes_total",
     "meridian_trainer_membership_changes_total",
+    "meridian_trainer_world_size",
     # membership (docs/elastic.md)
     "meridian_membership_epoch",
     "meridian_membership_size",
