@@ -554,12 +554,14 @@ Status Communicator::brokenStatusLocked() const {
   return commError("communicator broken: {}", broken_.toString());
 }
 
-void Communicator::markBroken(const Status& reason, bool replace) {
+void Communicator::markBroken(const Status& reason, bool replace, bool planned) {
   std::lock_guard<std::mutex> lock(mu_);
   if (broken_.isOk() || replace) {
     broken_ = reason;
     // An elastic communicator's failures are expected: its recovery says what came of them.
-    if (elastic_ || replace) {
+    if (planned) {
+      MLOG_INFO(kCollectives, "rank {}: {}", rank_, reason.toString());
+    } else if (elastic_ || replace) {
       MLOG_WARN(kCollectives, "rank {}: {}", rank_, reason.toString());
     } else {
       MLOG_ERROR(kCollectives, "rank {}: communicator broken: {}", rank_, reason.toString());
@@ -745,8 +747,8 @@ bool Communicator::startRecovery(std::function<Result<std::unique_ptr<Communicat
 }
 
 void Communicator::retire() {
-  markBroken(commError("retired: a successor communicator took over"), /*replace=*/false);
-  stopChildren(commError("retired: the parent communicator's successor took over"));
+  markBroken(commError("retired: a successor communicator took over"), /*replace=*/false, /*planned=*/true);
+  stopChildren(commError("retired: the parent communicator's successor took over"), /*planned=*/true);
   if (control_) control_->quiesce();  // the others retiring theirs is no news
   stopTransport();
 }
@@ -883,12 +885,12 @@ Result<std::unique_ptr<Communicator>> Communicator::split(int color, const std::
   return child;
 }
 
-void Communicator::stopChildren(const Status& why) {
+void Communicator::stopChildren(const Status& why, bool planned) {
   // Under mu_: a child being destroyed waits here to deregister. A child takes no lock of
   // its parent's while it stops.
   std::lock_guard<std::mutex> lock(mu_);
   for (Communicator* child : children_) {
-    child->markBroken(why, /*replace=*/true);
+    child->markBroken(why, /*replace=*/true, planned);
     child->stopTransport();
   }
 }

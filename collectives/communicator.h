@@ -94,7 +94,7 @@ class Communicator {
 
   // Connects `worldSize` ranks through `store`. Blocks until every channel is up or the
   // timeout passed. Without MERIDIAN_ELASTIC=on the store is used only during create; an
-  // elastic communicator also asks it later whether ranks wait to join (waitingJoiners), so
+  // elastic communicator also asks it later whether ranks wait to join (membershipRequests), so
   // it must outlive the communicator and its successors. A malformed knob (or option standing for
   // one) is kInvalidArgument naming it; never throws.
   static Result<std::unique_ptr<Communicator>> create(bootstrap::Store& store, int rank, int worldSize,
@@ -288,8 +288,9 @@ class Communicator {
   // secret) with `tag`; bounded and checked on receipt.
   Status shareSetUpAddress(int host, const std::vector<int>& members, std::uint64_t tag, std::string* address,
                            TimePoint deadline);
-  // The children split() made stop: `why` says so to their callers.
-  void stopChildren(const Status& why);
+  // The children split() made stop: `why` says so to their callers. `planned`: a hand-over
+  // the caller asked for (retire), logged quietly rather than warned about.
+  void stopChildren(const Status& why, bool planned = false);
 
   Communicator(int rank, int worldSize, const CommOptions& resolved);
 
@@ -299,8 +300,9 @@ class Communicator {
   Status runSync(OpKind kind, DataType dtype, std::size_t bytes, Body body, Status invalid);
   void execute(Op& op);
   void workerLoop();
-  // Records why the communicator broke (the first reason, unless `replace`).
-  void markBroken(const Status& reason, bool replace = false);
+  // Records why the communicator broke (the first reason, unless `replace`). `planned`: the
+  // caller's own hand-over (retire), logged at INFO; a failure is warned about.
+  void markBroken(const Status& reason, bool replace = false, bool planned = false);
   // After a failed op: stops the transport (no request touches a buffer any more, and the
   // peers see the failure at once) and completes every request still pending with `why`.
   // Op thread (or the destructor).

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -141,6 +142,7 @@ Result<int> launchLocalRanks(const LocalLaunchOptions& options) {
   std::vector<pollfd> outputs;     // read ends of the ranks' output pipes
   std::vector<std::string> partials;
   std::vector<int> outputRank;
+  std::size_t openOutputs = 0;
   // A rank that cannot be started: the ones already running are stopped and reaped, and the
   // launch fails with `why`.
   auto abandon = [&](Status why) -> Status {
@@ -149,11 +151,12 @@ Result<int> launchLocalRanks(const LocalLaunchOptions& options) {
     for (const auto& o : outputs) (void)::close(o.fd);  // read ends: nothing to flush
     return why;
   };
-  for (int r = 0; r < options.ranks; ++r) {
+  // Starts rank r (again, as a joiner of the running job, when `joining`).
+  auto start = [&](int r, bool joining) -> Status {
     std::vector<std::pair<std::string, std::string>> env;
     if (options.rankEnv) env = options.rankEnv(r);
     int out[2] = {-1, -1};
-    if (prefixed && ::pipe2(out, O_CLOEXEC) != 0) return abandon(internalError("pipe: {}", std::strerror(errno)));
+    if (prefixed && ::pipe2(out, O_CLOEXEC) != 0) return internalError("pipe: {}", std::strerror(errno));
     pid_t pid = ::fork();
     if (pid < 0) {
       const int err = errno;
@@ -161,7 +164,7 @@ Result<int> launchLocalRanks(const LocalLaunchOptions& options) {
         (void)::close(out[0]);  // never used
         (void)::close(out[1]);
       }
-      return abandon(internalError("fork of rank {}: {}", r, std::strerror(err)));
+      return internalError("fork of rank {}: {}", r, std::strerror(err));
     }
     if (pid == 0) {
       // Set-up a rank cannot do without ends it before exec, as a failed exec does.
@@ -190,7 +193,7 @@ Result<int> launchLocalRanks(const LocalLaunchOptions& options) {
       put("MERIDIAN_LOCAL_RANK", std::to_string(options.separateHosts ? 0 : r));
       put("MERIDIAN_LOCAL_WORLD_SIZE", std::to_string(options.separateHosts ? 1 : options.ranks));
       put("MERIDIAN_STORE", store);
-      if (r == 0 && storeListenFd >= 0) {
+      if (r == 0 && storeListenFd >= 0 && !joining) {
         const int inherited = ::dup(storeListenFd);  // without close-on-exec: it outlives the exec
         if (inherited < 0) childFail("dup of the store socket");
         put(knobs::kStoreFd.name, std::to_string(inherited));
@@ -200,6 +203,7 @@ Result<int> launchLocalRanks(const LocalLaunchOptions& options) {
       if (!secret.empty()) put("MERIDIAN_SECRET", secret);
       for (const auto& [k, v] : options.extraEnv) put(k, v);
       for (const auto& [k, v] : env) put(k, v);
+      if (joining) put("MERIDIAN_JOIN", "on");
       if (options.childSetup) {
         std::string err = options.childSetup(r);
         if (!err.empty()) {
@@ -219,8 +223,13 @@ Result<int> launchLocalRanks(const LocalLaunchOptions& options) {
       outputs.push_back({out[0], POLLIN, 0});
       partials.emplace_back();
       outputRank.push_back(r);
+      ++openOutputs;
     }
     children[pid] = r;
+    return Status();
+  };
+  for (int r = 0; r < options.ranks; ++r) {
+    if (Status st = start(r, false); !st.isOk()) return abandon(st);
   }
   ownListener.fd.reset();  // a socket rank 0 now holds: nothing was accepted on it here
   int worst = 0;
@@ -228,7 +237,7 @@ Result<int> launchLocalRanks(const LocalLaunchOptions& options) {
   int elasticWorst = 0;  // and the worst of their codes
   bool terminating = false;
   auto firstFailure = std::chrono::steady_clock::time_point::max();
-  std::size_t openOutputs = outputs.size();
+  std::set<int> down;  // ranks taken down on purpose, to start again once released
   // Output still open after every rank exited belongs to something a rank left running in
   // the background: read it for a little while, then stop waiting for it.
   constexpr auto kDrainAfterExit = std::chrono::seconds(2);
@@ -263,6 +272,12 @@ Result<int> launchLocalRanks(const LocalLaunchOptions& options) {
       int rank = children[pid];
       children.erase(pid);
       int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      if (options.takenDown && options.released && options.takenDown(rank)) {
+        MLOG_INFO(kCore, "rank {} exited with status {} after it was taken down; it starts again as a joiner once "
+                  "released", rank, code);
+        down.insert(rank);
+        continue;
+      }
       if (code != 0 && options.elastic) {
         MLOG_WARN(kCore, "rank {} exited with status {}; the others go on without it (elastic)", rank, code);
         ++lostRanks;
@@ -279,6 +294,23 @@ Result<int> launchLocalRanks(const LocalLaunchOptions& options) {
       continue;
     }
     if (pid < 0 && errno == ECHILD) children.clear();
+    // A released rank starts again while the job runs; once every rank has ended, nobody is
+    // left for it to join.
+    for (auto it = down.begin(); it != down.end() && !children.empty() && !terminating;) {
+      const int rank = *it;
+      if (!options.released(rank)) {
+        ++it;
+        continue;
+      }
+      it = down.erase(it);
+      if (Status st = start(rank, true); !st.isOk()) {
+        MLOG_WARN(kCore, "rank {} cannot start again: {}; the others go on without it", rank, st.message());
+        ++lostRanks;
+        elasticWorst = std::max(elasticWorst, 127);
+      } else {
+        MLOG_INFO(kCore, "rank {} released: started again as a joiner (MERIDIAN_JOIN=on)", rank);
+      }
+    }
     if (!terminating && !children.empty() && std::chrono::steady_clock::now() - firstFailure > options.failureGrace) {
       terminating = true;
       for (const auto& [p, rank] : children) {

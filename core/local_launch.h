@@ -47,6 +47,14 @@ struct LocalLaunchOptions {
   // and the launch succeeds when the ranks that did not fail exited 0 (a rank ends well only
   // once the job reached its end); the failed ranks are said once each.
   bool elastic = false;
+  // Ranks taken down on purpose (meridian-lab kill/drain NODE). `takenDown` is asked once
+  // when a rank exits: true means it was taken down, so its exit is no failure whatever its
+  // code and nobody is stopped for it. `released` is then asked often while the others run:
+  // once true, the rank starts again as a joiner of the running job (MERIDIAN_JOIN=on,
+  // MERIDIAN_RANK its old rank, which it asks back). Nothing restarts once every rank has
+  // ended. Unset: no rank is ever taken down.
+  std::function<bool(int rank)> takenDown;
+  std::function<bool(int rank)> released;
 };
 
 // The CPUs this process may run on (sched_getaffinity), ascending; at least one.

@@ -507,6 +507,8 @@ Result<int> execAll(const LabState& lab, const std::vector<std::string>& argv) {
     o.storeListenFd = storeListener.get();
   }
   o.rankEnv = [&lab](int rank) { return nodeEnvironment(lab, rank); };
+  o.takenDown = [&lab](int rank) { return nodeTakenDown(lab, rank); };
+  o.released = [&lab](int rank) { return nodeReleased(lab, rank); };
   o.childSetup = [&lab](int rank) {
     Status st = enterNamespaceForGood(lab.namespaceOf(rank));
     return st.isOk() ? std::string() : st.message();
@@ -535,6 +537,70 @@ Result<nlohmann::json> restoreLink(const LabState& lab, const std::string& plane
                                    const std::string& dst, bool bothWays) {
   return controlRequest(lab.controlSocket(),
                         {{"cmd", "restore"}, {"plane", plane}, {"src", src}, {"dst", dst}, {"both", bothWays}});
+}
+
+Status isolateRegion(const LabState& lab, const std::string& region, bool isolate) {
+  MERIDIAN_RETURN_IF_ERROR(lab.topology.findRegion(region).status());
+  if (lab.topology.regions.size() < 2) {
+    return invalidArgument("a topology of one region has nothing to {} {} from", isolate ? "isolate" : "reconnect", region);
+  }
+  LinkChange cut;
+  cut.cut = true;
+  for (const Plane& plane : lab.topology.planes) {
+    for (const Region& other : lab.topology.regions) {
+      if (other.name == region) continue;
+      MERIDIAN_RETURN_IF_ERROR(isolate ? setLink(lab, plane.name, region, other.name, cut, true).status()
+                                       : restoreLink(lab, plane.name, region, other.name, true).status());
+    }
+  }
+  return Status();
+}
+
+namespace {
+
+// kill/drain write `down/<node>`; restart adds `down/<node>.restart`; exec-all's launcher
+// removes both when it starts the rank again.
+std::string downMark(const LabState& lab, int node) {
+  return fmt::format("{}/down/{}", lab.dir, lab.topology.nodes[static_cast<std::size_t>(node)].name);
+}
+
+}  // namespace
+
+Result<std::string> nodeAction(const LabState& lab, const std::string& node, NodeAction action) {
+  MERIDIAN_ASSIGN_OR_RETURN(const int n, lab.topology.findNode(node));
+  const std::string mark = downMark(lab, n);
+  std::error_code ec;
+  if (action == NodeAction::kRestart) {
+    if (!fs::exists(mark, ec)) return invalidArgument("node {} is not down (meridian-lab kill or drain it first)", node);
+    MERIDIAN_RETURN_IF_ERROR(writeFileAtomically(mark + ".restart", "restart\n"));
+    return fmt::format("{}: released; its rank under exec-all starts again as a joiner once its processes exited", node);
+  }
+  fs::create_directories(lab.dir + "/down", ec);
+  if (ec) return internalError("cannot create {}/down: {}", lab.dir, ec.message());
+  fs::remove(mark + ".restart", ec);  // a release nobody took up belongs to an earlier run
+  MERIDIAN_RETURN_IF_ERROR(writeFileAtomically(mark, action == NodeAction::kKill ? "kill\n" : "drain\n"));
+  const int sig = action == NodeAction::kKill ? SIGKILL : SIGTERM;
+  int signalled = 0;
+  for (const int pid : pidsInNamespace(lab.namespaceOf(n))) {
+    if (pid == ::getpid() || pid == lab.emulatorPid) continue;
+    if (::kill(pid, sig) == 0) ++signalled;  // ESRCH: it exited meanwhile
+  }
+  return fmt::format("{}: {} sent to {} process{}; marked down until `meridian-lab restart {}`", node,
+                     action == NodeAction::kKill ? "SIGKILL" : "SIGTERM", signalled, signalled == 1 ? "" : "es", node);
+}
+
+bool nodeTakenDown(const LabState& lab, int node) {
+  std::error_code ec;
+  return fs::exists(downMark(lab, node), ec);
+}
+
+bool nodeReleased(const LabState& lab, int node) {
+  const std::string mark = downMark(lab, node);
+  std::error_code ec;
+  if (!fs::exists(mark + ".restart", ec)) return false;
+  fs::remove(mark, ec);
+  fs::remove(mark + ".restart", ec);
+  return true;
 }
 
 Result<std::string> statusText(const LabState& lab) {
@@ -592,8 +658,8 @@ Result<std::string> statusText(const LabState& lab) {
   out += "\n";
   for (int n = 0; n < static_cast<int>(t.nodes.size()); ++n) {
     const Node& node = t.nodes[static_cast<std::size_t>(n)];
-    out += fmt::format("{:<16} {:<12} {:<22}", node.name, t.regions[static_cast<std::size_t>(node.region)].name,
-                       lab.namespaceOf(n));
+    out += fmt::format("{:<16} {:<12} {:<22}", node.name + (nodeTakenDown(lab, n) ? " (down)" : ""),
+                       t.regions[static_cast<std::size_t>(node.region)].name, lab.namespaceOf(n));
     for (int p = 0; p < static_cast<int>(t.planes.size()); ++p) out += fmt::format(" {:<16}", t.address(p, n));
     out += "\n";
   }

@@ -81,6 +81,24 @@ Result<nlohmann::json> setLink(const LabState& lab, const std::string& plane, co
 Result<nlohmann::json> restoreLink(const LabState& lab, const std::string& plane, const std::string& src,
                                    const std::string& dst, bool bothWays);
 
+// `isolate REGION` / `reconnect REGION`: every plane, both ways, between `region` and every
+// other region cut, or put back as the topology has it.
+Status isolateRegion(const LabState& lab, const std::string& region, bool isolate);
+
+// Nodes taken down on purpose, to test what survives it (docs/lab.md, docs/elastic.md):
+// - kill: SIGKILL to every process in the node's namespace (a crash, a reclaimed instance);
+// - drain: SIGTERM to them (meridian-train leaves at its next membership boundary);
+// - restart: the node's rank under `exec-all` starts again as a joiner (MERIDIAN_JOIN=on)
+//   once its processes have exited (at once when they have).
+// kill and drain mark the node down in the state directory; `exec-all` reads the marks, so
+// the exit of a rank taken down is no failure. Returns what was done, for printing.
+enum class NodeAction { kKill, kDrain, kRestart };
+Result<std::string> nodeAction(const LabState& lab, const std::string& node, NodeAction action);
+// For exec-all's launcher: whether `node` is marked down, and whether it was released by
+// restart (true once: the marks are removed as it says so).
+bool nodeTakenDown(const LabState& lab, int node);
+bool nodeReleased(const LabState& lab, int node);
+
 // `status`: the matrix per plane, the nodes, and the counters, as text.
 Result<std::string> statusText(const LabState& lab);
 

@@ -6,6 +6,8 @@
 //   meridian-lab set wan-a london virginia --delay 120ms --rate 50Mbit
 //   meridian-lab cut wan-a london virginia      |  restore wan-a london virginia
 //   meridian-lab cross-traffic wan-a london-1 virginia-1 --rate 150Mbit --duration 10s
+//   meridian-lab isolate singapore              |  reconnect singapore
+//   meridian-lab kill virginia-2  |  drain virginia-2  |  restart virginia-2
 //   meridian-lab scenario lab/scenarios/congestion.yaml
 //   meridian-lab status
 //   meridian-lab down
@@ -131,6 +133,19 @@ int main(int argc, char** argv) {
   cross->add_option("--rate", rate, "Sending rate, e.g. 150Mbit")->required();
   cross->add_option("--duration", duration, "How long (default: until Ctrl-C)");
 
+  std::string region;
+  auto* isolate = app.add_subcommand("isolate", "Cut a region off: every plane, both ways, to every other region");
+  isolate->add_option("region", region, "Region, e.g. singapore")->required();
+  auto* reconnect = app.add_subcommand("reconnect", "Put a region's links back as the topology file has them");
+  reconnect->add_option("region", region, "Region")->required();
+
+  auto* kill = app.add_subcommand("kill", "SIGKILL every process in a node; the node is down until restart");
+  kill->add_option("node", node, "Node name, e.g. virginia-2")->required();
+  auto* drain = app.add_subcommand("drain", "SIGTERM every process in a node (meridian-train leaves at a boundary)");
+  drain->add_option("node", node, "Node name")->required();
+  auto* restart = app.add_subcommand("restart", "Start a node's rank under exec-all again, as a joiner of the job");
+  restart->add_option("node", node, "Node name")->required();
+
   std::string scenarioFile;
   auto* scenario = app.add_subcommand("scenario", "Run timed link events from a file");
   scenario->add_option("file", scenarioFile, "Scenario file (YAML)")->required();
@@ -184,6 +199,18 @@ int main(int argc, char** argv) {
     auto r = restoreLink(lab.value(), plane, src, dst, !oneWay);
     if (!r.isOk()) return fail(r.status());
     printLinks(r.value());
+    return 0;
+  }
+  if (*isolate || *reconnect) {
+    if (Status st = isolateRegion(lab.value(), region, isolate->parsed()); !st.isOk()) return fail(st);
+    std::printf("%s %s: every plane, both ways, to every other region\n", isolate->parsed() ? "isolated" : "reconnected",
+                region.c_str());
+    return 0;
+  }
+  if (*kill || *drain || *restart) {
+    auto done = nodeAction(lab.value(), node, *kill ? NodeAction::kKill : *drain ? NodeAction::kDrain : NodeAction::kRestart);
+    if (!done.isOk()) return fail(done.status());
+    std::printf("%s\n", done->c_str());
     return 0;
   }
   if (::signal(SIGINT, onSignal) == SIG_ERR || ::signal(SIGTERM, onSignal) == SIG_ERR) {

@@ -36,6 +36,9 @@ const char* kindName(ScenarioEvent::Kind k) {
     case ScenarioEvent::Kind::kIsolate: return "isolate";
     case ScenarioEvent::Kind::kReconnect: return "reconnect";
     case ScenarioEvent::Kind::kCrossTraffic: return "cross-traffic";
+    case ScenarioEvent::Kind::kKill: return "kill";
+    case ScenarioEvent::Kind::kDrain: return "drain";
+    case ScenarioEvent::Kind::kRestart: return "restart";
   }
   return "?";
 }
@@ -67,20 +70,36 @@ Result<ScenarioEvent> parseEvent(const Where& w, const YAML::Node& item, const T
       e.kind = ScenarioEvent::Kind::kIsolate;
     } else if (key == "reconnect") {
       e.kind = ScenarioEvent::Kind::kReconnect;
+    } else if (key == "kill") {
+      e.kind = ScenarioEvent::Kind::kKill;
+    } else if (key == "drain") {
+      e.kind = ScenarioEvent::Kind::kDrain;
+    } else if (key == "restart") {
+      e.kind = ScenarioEvent::Kind::kRestart;
     } else {
-      return w.error(kv.first, fmt::format(
-                                   "unknown action '{}' (expected degrade, cut, restore, cross-traffic, isolate, reconnect)", key));
+      return w.error(kv.first, fmt::format("unknown action '{}' (expected degrade, cut, restore, cross-traffic, "
+                                           "isolate, reconnect, kill, drain, restart)",
+                                           key));
     }
   }
   if (actions != 1) return w.error(item, "an event needs exactly one action besides 'at'");
   if (!body.IsMap()) return w.error(body, fmt::format("{} takes a map", kindName(e.kind)));
-  if (e.kind == ScenarioEvent::Kind::kIsolate || e.kind == ScenarioEvent::Kind::kReconnect) {
+  const bool regionEvent = e.kind == ScenarioEvent::Kind::kIsolate || e.kind == ScenarioEvent::Kind::kReconnect;
+  const bool nodeEvent = e.kind == ScenarioEvent::Kind::kKill || e.kind == ScenarioEvent::Kind::kDrain ||
+                         e.kind == ScenarioEvent::Kind::kRestart;
+  if (regionEvent || nodeEvent) {
+    const char* only = regionEvent ? "region" : "node";
     for (const auto& kv : body) {
-      if (kv.first.as<std::string>() != "region") {
-        return w.error(kv.first, fmt::format("{} takes only region, not '{}'", kindName(e.kind), kv.first.as<std::string>()));
+      if (kv.first.as<std::string>() != only) {
+        return w.error(kv.first,
+                       fmt::format("{} takes only {}, not '{}'", kindName(e.kind), only, kv.first.as<std::string>()));
       }
     }
-    MERIDIAN_ASSIGN_OR_RETURN(e.src, scalar(w, body, "region"));
+    MERIDIAN_ASSIGN_OR_RETURN(e.src, scalar(w, body, only));
+    if (nodeEvent) {
+      if (auto n = t.findNode(e.src); !n.isOk()) return w.error(body, n.status().message());
+      return e;
+    }
     if (auto r = t.findRegion(e.src); !r.isOk()) return w.error(body, r.status().message());
     if (t.regions.size() < 2) return w.error(body, "a topology of one region has nothing to isolate it from");
     return e;
@@ -173,6 +192,8 @@ std::string ScenarioEvent::describe() const {
     if (change.loss) what += fmt::format(" loss {:g}%", *change.loss * 100);
   } else if (kind == Kind::kIsolate || kind == Kind::kReconnect) {
     what = fmt::format("{} {} (every plane, both ways, to every other region)", kindName(kind), src);
+  } else if (kind == Kind::kKill || kind == Kind::kDrain || kind == Kind::kRestart) {
+    what = fmt::format("{} {}", kindName(kind), src);
   } else if (kind == Kind::kCrossTraffic) {
     what = fmt::format("cross-traffic {} {} -> {} at {} for {:g} s", plane, src, dst, formatRate(rateBitsPerSec),
                        durationSec);
@@ -241,16 +262,19 @@ Status runScenario(const LabState& lab, const std::vector<ScenarioEvent>& events
       case ScenarioEvent::Kind::kRestore: st = restoreLink(lab, e.plane, e.src, e.dst, e.bothWays).status(); break;
       case ScenarioEvent::Kind::kIsolate:
       case ScenarioEvent::Kind::kReconnect:
-        for (const Plane& plane : lab.topology.planes) {
-          for (const Region& other : lab.topology.regions) {
-            if (other.name == e.src || !st.isOk()) continue;
-            LinkChange cut;
-            cut.cut = true;
-            st = e.kind == ScenarioEvent::Kind::kIsolate ? setLink(lab, plane.name, e.src, other.name, cut, true).status()
-                                                        : restoreLink(lab, plane.name, e.src, other.name, true).status();
-          }
-        }
+        st = isolateRegion(lab, e.src, e.kind == ScenarioEvent::Kind::kIsolate);
         break;
+      case ScenarioEvent::Kind::kKill:
+      case ScenarioEvent::Kind::kDrain:
+      case ScenarioEvent::Kind::kRestart: {
+        const NodeAction a = e.kind == ScenarioEvent::Kind::kKill    ? NodeAction::kKill
+                             : e.kind == ScenarioEvent::Kind::kDrain ? NodeAction::kDrain
+                                                                     : NodeAction::kRestart;
+        auto done = nodeAction(lab, e.src, a);
+        st = done.status();
+        if (done.isOk()) std::printf("           %s\n", done->c_str());
+        break;
+      }
       case ScenarioEvent::Kind::kCrossTraffic:
         flows.emplace_back([&lab, &flowsStop, e] {
           CrossTrafficOptions o{e.plane, e.src, e.dst, e.rateBitsPerSec, e.durationSec, 0, false};

@@ -1,4 +1,4 @@
-// Scenario files: timed link events for `meridian-lab scenario FILE`.
+// Scenario files: timed link and node events for `meridian-lab scenario FILE`.
 //
 //   events:
 //     - at: 5s
@@ -13,6 +13,12 @@
 //       isolate: {region: singapore}    # every plane, both ways, to every other region
 //     - at: 40s
 //       reconnect: {region: singapore}  # those links as the topology has them
+//     - at: 45s
+//       kill: {node: virginia-2}        # SIGKILL to its processes; marked down
+//     - at: 50s
+//       drain: {node: london-2}         # SIGTERM: meridian-train leaves at a boundary
+//     - at: 60s
+//       restart: {node: virginia-2}     # exec-all starts its rank again, as a joiner
 //
 // Times count from the start of the run. `between` changes both directions, `from`/`to`
 // one; degrade takes delay, jitter, rate, queue, loss; cross-traffic takes nodes or
@@ -30,11 +36,11 @@
 namespace meridian::lab {
 
 struct ScenarioEvent {
-  enum class Kind { kDegrade, kCut, kRestore, kCrossTraffic, kIsolate, kReconnect };
+  enum class Kind { kDegrade, kCut, kRestore, kCrossTraffic, kIsolate, kReconnect, kKill, kDrain, kRestart };
   Kind kind = Kind::kDegrade;
   int line = 0;
   double atSec = 0;
-  std::string plane, src, dst;  // isolate, reconnect: src is the region
+  std::string plane, src, dst;  // isolate, reconnect: src is the region; kill, drain, restart: the node
   bool bothWays = true;
   LinkChange change;      // degrade
   double rateBitsPerSec = 0;  // cross-traffic

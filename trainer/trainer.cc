@@ -655,7 +655,7 @@ Status Run::changeMembership(std::int64_t* step, bool* left) {
     comm_->retire();
     *left = true;
     worldSizeGauge().set(0);
-    MLOG_WARN(kTrainer, "left the job at step {} as asked (SIGTERM): {} rank(s) go on without this one", *step,
+    MLOG_INFO(kTrainer, "left the job at step {} as asked (SIGTERM): {} rank(s) go on without this one", *step,
               before - static_cast<int>(asked.leaving.size()) + asked.joiners);
     return Status();
   }

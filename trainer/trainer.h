@@ -23,10 +23,15 @@
 // summation order. A step is applied only once all its gradients were averaged (no bucket
 // is stepped early), so every survivor holds the state after its last whole step; the
 // survivors adopt the state of the one furthest ahead (checked by digest) and redo the
-// step that was cut. DiLoCo redoes the outer sync that was cut. Hybrid is not elastic yet.
-// Every joinCheckEvery steps the members admit the ranks waiting to join (a process started
-// with --join, or a rank that was left out and asks again), which take the step and the
-// state from rank 0 and train on from there.
+// step that was cut. DiLoCo redoes the outer sync that was cut. Hybrid splits its region and
+// cross-region communicators from the job's anew after every change (regions may then be
+// uneven: ranks past the smallest region's size sit the cross-region sync out and take its
+// result from their region's first rank); a rank lost mid-round costs the regions behind
+// the furthest up to H inner steps. At membership boundaries (every joinCheckEvery steps,
+// with an outer sync the nearest multiple of H) the members admit the ranks waiting to join
+// (a process started with --join, or a rank that was left out and asks again), which take
+// the step and the state from rank 0 and train on from there, and let go of the ranks asked
+// to leave (TrainContext::leaveRequested: SIGTERM in meridian-train), who see no error.
 //
 // Integrity: ranks check that they loaded the same data (a SHA-256 of the decoded sets,
 // compared across ranks) and, after a resume, the same replicated weights. A training

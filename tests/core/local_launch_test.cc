@@ -6,9 +6,12 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -104,6 +107,48 @@ TEST(LaunchLocalRanks, RankZeroInheritsTheStoreSocketAlreadyListening) {
   ::unsetenv("MERIDIAN_STORE_FD");
   ASSERT_TRUE(worst.isOk()) << worst.status().toString();
   EXPECT_EQ(worst.value(), 0) << "rank 0 lacked a listening socket on MERIDIAN_STORE's port, or another rank got one";
+}
+
+// A rank taken down on purpose (meridian-lab kill) is no failure, and once released it
+// starts again as a joiner: MERIDIAN_JOIN=on, its own MERIDIAN_RANK, and rank 0 does not
+// get the store socket twice. Rank 0 waits for the joiner's mark so that the job is still
+// running when the release comes; a rank whose exit nobody took down still counts.
+TEST(LaunchLocalRanks, ARankTakenDownStartsAgainAsAJoinerOnceReleased) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("meridian-restart-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  LocalLaunchOptions o;
+  o.ranks = 2;
+  o.extraEnv = {{"DIR", dir.string()}};
+  o.argv = {"/bin/sh", "-c",
+            "if [ \"$MERIDIAN_RANK\" = 0 ]; then\n"
+            "  i=0; while [ ! -e \"$DIR/joined\" ] && [ $i -lt 3000 ]; do sleep 0.01; i=$((i+1)); done\n"
+            "  [ -e \"$DIR/joined\" ]; exit $?\n"
+            "elif [ \"${MERIDIAN_JOIN:-off}\" = on ]; then\n"
+            "  echo \"$MERIDIAN_RANK ${MERIDIAN_STORE_FD:-none}\" > \"$DIR/joined\"; exit 0\n"
+            "else\n"
+            "  exit 9\n"  // as a SIGKILLed rank fails
+            "fi\n"};
+  std::atomic<int> asked{0};
+  o.takenDown = [&](int rank) { return rank == 1; };
+  o.released = [&](int rank) { return rank == 1 && ++asked >= 3; };  // released after a few looks
+  const Result<int> worst = launchLocalRanks(o);
+  ASSERT_TRUE(worst.isOk()) << worst.status().toString();
+  EXPECT_EQ(worst.value(), 0) << "the first exit of a rank taken down counted as a failure, or the joiner never came";
+  std::ifstream joined(dir / "joined");
+  std::string line;
+  std::getline(joined, line);
+  EXPECT_EQ(line, "1 none");
+  EXPECT_GE(asked.load(), 3);
+
+  o.takenDown = [](int) { return false; };  // nobody took it down: exit 9 is a failure
+  o.failureGrace = std::chrono::seconds(0);
+  std::filesystem::remove(dir / "joined");
+  const Result<int> failed = launchLocalRanks(o);
+  ASSERT_TRUE(failed.isOk()) << failed.status().toString();
+  EXPECT_EQ(failed.value(), 128 + SIGTERM) << "rank 0 was not stopped after rank 1 failed";
+  std::filesystem::remove_all(dir);
 }
 
 TEST(AllowedCpus, AreThisProcessesAscending) {

@@ -465,6 +465,75 @@ TEST_F(LabFixture, RunSetsTheNodeEnvironmentAndExecAllRunsEveryNode) {
   }
 }
 
+// kill, drain and restart under exec-all: the killed rank's exit is no failure, restart
+// starts it again as a joiner (MERIDIAN_JOIN=on, its own rank), a drained rank gets SIGTERM
+// and is not started again, and `status` marks the nodes down. Rank 0 ends the job once
+// the joiner has come; isolate/reconnect cut and restore every plane of a region.
+TEST_F(LabFixture, KillDrainAndRestartNodesUnderExecAll) {
+  REQUIRE_LAB();
+  bringUp();
+  const std::string dir = ::testing::TempDir() + "/lab-nodes-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string script = dir + "/rank.sh";
+  std::ofstream(script) << "if [ \"${MERIDIAN_JOIN:-off}\" = on ]; then echo $MERIDIAN_RANK > " << dir
+                        << "/rejoined; exit 0; fi\n"
+                           "case $MERIDIAN_RANK in\n"
+                           "  0) i=0; while [ ! -e " << dir << "/rejoined ] && [ $i -lt 6000 ]; do sleep 0.01; "
+                           "i=$((i+1)); done; [ -e " << dir << "/rejoined ] ;;\n"
+                           "  2) trap 'echo drained; exit 0' TERM; touch " << dir << "/ready2; sleep 600 & wait ;;\n"
+                           "  3) touch " << dir << "/ready3; exec sleep 600 ;;\n"
+                           "esac\n";
+  std::thread job([&] { sh(fmt::format("{} > {}/out 2>&1; echo $? > {}/rc", lab("exec-all -- sh " + script), dir, dir)); });
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  const bool ready = pollUntil([&] { return std::filesystem::exists(dir + "/ready2") && std::filesystem::exists(dir + "/ready3"); },
+                               deadline, std::chrono::milliseconds(10));
+  auto notDown = sh(lab("restart east-1"));
+  auto kill = sh(lab("kill west-2"));
+  auto drain = sh(lab("drain west-1"));
+  auto status = sh(lab("status"));
+  auto restart = sh(lab("restart west-2"));
+  const bool done = pollUntil([&] { return std::filesystem::exists(dir + "/rc"); }, deadline, std::chrono::milliseconds(20));
+  if (!done) sh(lab("kill east-1"));  // ends the job: rank 0 is the one still waiting
+  job.join();
+  std::ifstream outFile(dir + "/out"), rcFile(dir + "/rc"), joinedFile(dir + "/rejoined");
+  const std::string out((std::istreambuf_iterator<char>(outFile)), std::istreambuf_iterator<char>());
+  int rc = -1;
+  rcFile >> rc;
+  std::string joined;
+  joinedFile >> joined;
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(ready) << out;
+  ASSERT_TRUE(done) << "the restarted rank never came back:\n" << out;
+  EXPECT_EQ(rc, 0) << "a rank taken down on purpose counted as a failure:\n" << out;
+  EXPECT_EQ(joined, "3");
+  EXPECT_NE(out.find("[west-1] drained"), std::string::npos) << out;
+  EXPECT_EQ(notDown.code, 1);
+  EXPECT_NE(notDown.output.find("node east-1 is not down"), std::string::npos) << notDown.output;
+  EXPECT_EQ(kill.code, 0) << kill.output;
+  EXPECT_NE(kill.output.find("west-2: SIGKILL sent to 1 process"), std::string::npos) << kill.output;
+  EXPECT_NE(drain.output.find("west-1: SIGTERM sent to"), std::string::npos) << drain.output;
+  EXPECT_NE(status.output.find("west-2 (down)"), std::string::npos) << status.output;
+  EXPECT_NE(status.output.find("west-1 (down)"), std::string::npos) << status.output;
+  EXPECT_EQ(status.output.find("east-1 (down)"), std::string::npos) << status.output;
+  EXPECT_EQ(restart.code, 0) << restart.output;
+
+  auto unknown = sh(lab("kill paris-1"));
+  EXPECT_EQ(unknown.code, 1);
+  EXPECT_NE(unknown.output.find("unknown node 'paris-1'"), std::string::npos) << unknown.output;
+  auto isolate = sh(lab("isolate west"));
+  EXPECT_EQ(isolate.code, 0) << isolate.output;
+  status = sh(lab("status"));
+  EXPECT_NE(status.output.find("CUT"), std::string::npos) << status.output;
+  auto reconnect = sh(lab("reconnect west"));
+  EXPECT_EQ(reconnect.code, 0) << reconnect.output;
+  status = sh(lab("status"));
+  EXPECT_EQ(status.output.find("CUT"), std::string::npos) << status.output;
+  auto mars = sh(lab("isolate mars"));
+  EXPECT_EQ(mars.code, 1);
+  EXPECT_NE(mars.output.find("mars"), std::string::npos) << mars.output;
+}
+
 TEST(LabChecksTest, MissingTunAndMissingRootAreOneLineErrors) {
   Status tun = requireTun("/nonexistent/net/tun");
   ASSERT_FALSE(tun.isOk());

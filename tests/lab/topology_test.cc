@@ -683,5 +683,37 @@ TEST(ScenarioTest, IsolateAndReconnectARegion) {
   }
 }
 
+// Node events: kill, drain and restart name one node of the topology, nothing else.
+TEST(ScenarioTest, KillDrainAndRestartANode) {
+  auto t = loadTopology(std::string(MERIDIAN_SOURCE_DIR) + "/lab/topologies/three-regions.yaml");
+  ASSERT_TRUE(t.isOk()) << t.status().toString();
+  auto s = parseScenario(
+      "events:\n  - at: 9s\n    restart: {node: virginia-2}\n  - at: 2s\n    kill: {node: virginia-2}\n"
+      "  - at: 4s\n    drain: {node: london-2}\n",
+      "nodes.yaml", t.value());
+  ASSERT_TRUE(s.isOk()) << s.status().toString();
+  ASSERT_EQ(s->size(), 3u);
+  EXPECT_EQ((*s)[0].kind, ScenarioEvent::Kind::kKill);  // in time order
+  EXPECT_EQ((*s)[0].src, "virginia-2");
+  EXPECT_EQ((*s)[0].describe(), "kill virginia-2");
+  EXPECT_EQ((*s)[1].kind, ScenarioEvent::Kind::kDrain);
+  EXPECT_EQ((*s)[1].src, "london-2");
+  EXPECT_EQ((*s)[2].kind, ScenarioEvent::Kind::kRestart);
+  EXPECT_DOUBLE_EQ((*s)[2].atSec, 9.0);
+  const std::pair<const char*, const char*> bad[] = {
+      {"events:\n  - at: 1s\n    kill: {node: mars-1}\n", "mars-1"},
+      {"events:\n  - at: 1s\n    kill: {region: london}\n", "kill takes only node, not 'region'"},
+      {"events:\n  - at: 1s\n    restart: {}\n", "needs 'node'"},
+      {"events:\n  - at: 1s\n    drain: london-1\n", "drain takes a map"},
+      {"events:\n  - at: 1s\n    reboot: {node: london-1}\n", "unknown action 'reboot'"},
+  };
+  for (const auto& [text, want] : bad) {
+    auto r = parseScenario(text, "bad.yaml", t.value());
+    ASSERT_FALSE(r.isOk()) << text;
+    EXPECT_NE(r.status().message().find(want), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("bad.yaml:"), std::string::npos) << r.status().message();
+  }
+}
+
 }  // namespace
 }  // namespace meridian::lab

@@ -24,6 +24,7 @@ namespace meridian::trainer {
 namespace {
 
 namespace fs = std::filesystem;
+using meridian::testing::CommandResult;
 using meridian::testing::LabSession;
 using meridian::testing::labCommand;
 using meridian::testing::runShell;
@@ -37,6 +38,32 @@ nlohmann::json runIn(LabSession& session, const std::string& data, const std::st
   auto j = nlohmann::json::parse(f, nullptr, false);
   EXPECT_FALSE(j.is_discarded()) << "no summary; output:\n" << r.output;
   return j;
+}
+
+// meridian-train on every node of the lab (`trainArgs` after the binary) with `scenario`
+// (the YAML of a scenario file) running beside it from the same start: what the job and
+// the scenario printed, and rank 0's summary.
+struct ScenarioRun {
+  CommandResult job;
+  std::string scenarioOutput;
+  nlohmann::json summary;
+};
+ScenarioRun trainUnderScenario(LabSession& session, const std::string& dir, const std::string& scenario,
+                               const std::string& trainArgs) {
+  std::ofstream(dir + "/scenario.yaml") << scenario;
+  const std::string json = dir + "/summary.json";
+  fs::remove(json);
+  ScenarioRun r;
+  r.job = runShell(fmt::format("({} > {}/scenario.out 2>&1 &) ; {}",
+                               labCommand(session.name(), "scenario " + dir + "/scenario.yaml"), dir,
+                               labCommand(session.name(), fmt::format("exec-all -- env MERIDIAN_PEER_TIMEOUT_MS=3000 {} "
+                                                                      "{} --json {}",
+                                                                      MERIDIAN_TRAIN_BIN, trainArgs, json))));
+  std::ifstream sf(dir + "/scenario.out");
+  r.scenarioOutput.assign(std::istreambuf_iterator<char>(sf), std::istreambuf_iterator<char>());
+  std::ifstream f(json);
+  r.summary = nlohmann::json::parse(f, nullptr, false);
+  return r;
 }
 
 TEST(TrainLabTest, DdpAndDilocoAcrossTwoRegions) {
@@ -99,28 +126,16 @@ TEST(TrainLabTest, ARegionCutOffFor20SecondsTrainingGoesOnAndTheRegionRejoins) {
                      "--time-scale 0.1");
   auto up = session.up();
   ASSERT_EQ(up.code, 0) << up.output;
-  {
-    std::ofstream scenario(dir + "/cut.yaml");
-    scenario << "events:\n  - at: 5s\n    isolate: {region: singapore}\n  - at: 25s\n    reconnect: {region: singapore}\n";
-  }
   const std::string args =
       "--model 784-64-10 --batch 120 --max-steps 2000 --eval-every 100000 --sync ddp --log-every 100";
-  const std::string train = fmt::format("env MERIDIAN_PEER_TIMEOUT_MS=3000 {} --data-dir {} --quiet", MERIDIAN_TRAIN_BIN,
-                                        kFashionMnistDir);
   auto straight = runIn(session, kFashionMnistDir, args, dir + "/straight.json");
-  // The scenario runs beside the training, from the same start.
-  const std::string scenarioOut = dir + "/scenario.out";
-  const std::string scenarioCmd = labCommand(session.name(), "scenario " + dir + "/cut.yaml");
-  auto cut = runShell(fmt::format("({} > {} 2>&1 &) ; {}", scenarioCmd, scenarioOut,
-                                  labCommand(session.name(), fmt::format("exec-all -- {} {} --json {}/cut.json", train,
-                                                                         args, dir))));
-  ASSERT_EQ(cut.code, 0) << cut.output;
-  std::ifstream sf(scenarioOut);
-  const std::string scenarioText((std::istreambuf_iterator<char>(sf)), std::istreambuf_iterator<char>());
-  EXPECT_NE(scenarioText.find("reconnect singapore"), std::string::npos) << scenarioText;
-  std::ifstream f(dir + "/cut.json");
-  auto j = nlohmann::json::parse(f, nullptr, false);
-  ASSERT_FALSE(j.is_discarded() || straight.is_discarded()) << cut.output;
+  auto cut = trainUnderScenario(
+      session, dir, "events:\n  - at: 5s\n    isolate: {region: singapore}\n  - at: 25s\n    reconnect: {region: singapore}\n",
+      fmt::format("--data-dir {} --quiet {}", kFashionMnistDir, args));
+  ASSERT_EQ(cut.job.code, 0) << cut.job.output;
+  EXPECT_NE(cut.scenarioOutput.find("reconnect singapore"), std::string::npos) << cut.scenarioOutput;
+  const nlohmann::json& j = cut.summary;
+  ASSERT_FALSE(j.is_discarded() || straight.is_discarded()) << cut.job.output;
   fs::remove_all(dir);
   EXPECT_EQ(j["final_step"], 2000);
   EXPECT_EQ(j["ranks"], 6);
@@ -135,6 +150,51 @@ TEST(TrainLabTest, ARegionCutOffFor20SecondsTrainingGoesOnAndTheRegionRejoins) {
               "wall %.1f s (undisturbed %.1f s)\n",
               j["world_sizes"].dump().c_str(), j["recovery_s"].get<double>(), 100 * j["test_accuracy"].get<double>(),
               100 * straight["test_accuracy"].get<double>(), j["wall_s"].get<double>(), straight["wall_s"].get<double>());
+}
+
+// The lab's node events under training (lab/scenario.h): a node killed (SIGKILL, as a
+// reclaimed instance goes) is declared lost and the others go on; restarted, its rank joins
+// again at a membership boundary; a node drained (SIGTERM) leaves at the next boundary
+// without anyone seeing an error. The run ends at its last step on five ranks.
+TEST(TrainLabTest, ANodeKilledComesBackAndADrainedNodeLeavesQuietly) {
+  if (auto why = meridian::testing::labUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
+  const std::string dir = fs::temp_directory_path() / ("meridian-train-lab-nodes-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  LabSession session("mlnode", fmt::format("{}/lab/topologies/three-regions.yaml", MERIDIAN_SOURCE_DIR),
+                     "--time-scale 0.1");
+  auto up = session.up();
+  ASSERT_EQ(up.code, 0) << up.output;
+  const std::string data = dir + "/data";
+  fs::create_directories(data);
+  ASSERT_TRUE(testing::writeSyntheticFashion(data).isOk());
+  // At about 19 steps/s: the kill near step 70, the drain near step 300. Not --quiet: rank 0
+  // says who left as asked.
+  auto nodes = trainUnderScenario(session, dir,
+                                  "events:\n  - at: 4s\n    kill: {node: virginia-2}\n  - at: 10s\n    restart: {node: "
+                                  "virginia-2}\n  - at: 18s\n    drain: {node: london-2}\n",
+                                  fmt::format("--data-dir {} --model 784-64-10 --batch 120 --max-steps 700 "
+                                              "--eval-every 100000 --sync ddp --log-every 100",
+                                              data));
+  fs::remove_all(dir);
+  const CommandResult& run = nodes.job;
+  const nlohmann::json& j = nodes.summary;
+  ASSERT_EQ(run.code, 0) << run.output << nodes.scenarioOutput;
+  EXPECT_NE(nodes.scenarioOutput.find("drain london-2"), std::string::npos) << "training ended before the last event:\n"
+                                                                          << nodes.scenarioOutput;
+  ASSERT_FALSE(j.is_discarded()) << run.output;
+  EXPECT_EQ(j["final_step"], 700);
+  EXPECT_EQ(j["world_sizes"].get<std::vector<int>>(), (std::vector<int>{6, 5, 6, 5})) << run.output;
+  EXPECT_NE(run.output.find("[london-2   ] meridian-train rank 1: left the job at step"), std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("job rank(s) 1 left as asked"), std::string::npos) << run.output;
+  // Each of the five survivors of the kill says once what cut its step short; the drain cut
+  // nobody's step short.
+  std::size_t cuts = 0;
+  for (std::size_t at = run.output.find("(cut by:"); at != std::string::npos; at = run.output.find("(cut by:", at + 1))
+    ++cuts;
+  EXPECT_EQ(cuts, 5u) << run.output;
+  std::printf("[ figures  ] kill, restart, drain: %s ranks, %.2f s recovering, wall %.1f s\n",
+              j["world_sizes"].dump().c_str(), j["recovery_s"].get<double>(), j["wall_s"].get<double>());
 }
 
 }  // namespace
