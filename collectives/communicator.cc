@@ -15,6 +15,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <numeric>
 #include <span>
 #include <string_view>
 #include <utility>
@@ -891,6 +892,14 @@ void Communicator::stopChildren(const Status& why, bool planned) {
   std::lock_guard<std::mutex> lock(mu_);
   for (Communicator* child : children_) {
     child->markBroken(why, /*replace=*/true, planned);
+    // A membership change: some of the child's peers may be gone or cut off, and closing
+    // would wait on them for what they were last sent (seconds). The child is done with
+    // every peer either way, and each survivor stops its own child for the same view.
+    if (!planned) {
+      std::vector<int> all(static_cast<std::size_t>(child->size_));
+      std::iota(all.begin(), all.end(), 0);
+      child->abandonPeers(all);
+    }
     child->stopTransport();
   }
 }
