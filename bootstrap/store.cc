@@ -52,7 +52,42 @@ namespace {
 using detail::printable;
 
 // Ops a client may send (kIdleClose is the server's alone).
-bool isValidOp(std::uint8_t op) { return op >= 1 && op <= 6; }
+bool isValidOp(std::uint8_t op) {
+  return (op >= 1 && op <= 6) || op == static_cast<std::uint8_t>(StoreOp::kGetMany);  // kIdleClose: never asked
+}
+
+// GET-MANY's payload: per value, u32 valueBytes then the value.
+std::vector<std::uint8_t> packValues(const std::vector<std::vector<std::uint8_t>>& values) {
+  std::size_t bytes = 0;
+  for (const auto& v : values) bytes += 4 + v.size();
+  std::vector<std::uint8_t> out(bytes);
+  std::uint8_t* p = out.data();
+  for (const auto& v : values) {
+    wire::store<std::uint32_t>(p, static_cast<std::uint32_t>(v.size()));
+    if (!v.empty()) std::memcpy(p + 4, v.data(), v.size());
+    p += 4 + v.size();
+  }
+  return out;
+}
+
+// Every length checked against what is left before anything is copied.
+Result<std::vector<std::vector<std::uint8_t>>> unpackValues(std::span<const std::uint8_t> payload) {
+  std::vector<std::vector<std::uint8_t>> values;
+  std::size_t at = 0;
+  while (at < payload.size()) {
+    if (values.size() >= kStoreMaxKeys) return peerError("store GET-MANY response: more than {} values", kStoreMaxKeys);
+    if (payload.size() - at < 4) return peerError("store GET-MANY response: a value length cut short at byte {}", at);
+    const auto n = wire::load<std::uint32_t>(payload.data() + at);
+    at += 4;
+    if (n > payload.size() - at) {
+      return peerError("store GET-MANY response: a value of {} bytes at byte {}, {} left", n, at, payload.size() - at);
+    }
+    values.emplace_back(payload.begin() + static_cast<std::ptrdiff_t>(at),
+                        payload.begin() + static_cast<std::ptrdiff_t>(at + n));
+    at += n;
+  }
+  return values;
+}
 
 // The limits and the op's shape, checked from header fields alone (before any allocation).
 // Empty when fine, else what is wrong.
@@ -61,7 +96,7 @@ std::string shapeProblem(StoreOp op, std::uint64_t keyCount, std::uint64_t value
   if (valueBytes > kStoreMaxValueBytes) {
     return fmt::format("a value of {} bytes exceeds the limit of {} bytes", valueBytes, kStoreMaxValueBytes);
   }
-  const bool multiKey = op == StoreOp::kWait || op == StoreOp::kCheck;
+  const bool multiKey = op == StoreOp::kWait || op == StoreOp::kCheck || op == StoreOp::kGetMany;
   if (!multiKey && keyCount != 1) return fmt::format("{} takes exactly one key, not {}", toString(op), keyCount);
   if (op != StoreOp::kSet && valueBytes != 0) {
     return fmt::format("{} carries no value, but {} value bytes were announced", toString(op), valueBytes);
@@ -119,6 +154,7 @@ const char* toString(StoreOp op) {
     case StoreOp::kCheck: return "CHECK";
     case StoreOp::kDelete: return "DELETE";
     case StoreOp::kIdleClose: return "IDLE-CLOSE";
+    case StoreOp::kGetMany: return "GET-MANY";
   }
   return "?";
 }
@@ -285,7 +321,10 @@ Result<StoreRequest> readStoreRequest(const StoreByteReader& read) {
 std::vector<std::uint8_t> encodeStoreResponse(const StoreResponse& response) {
   std::string_view message = response.status.message();
   if (message.size() > kStoreMaxErrorBytes) message = message.substr(0, kStoreMaxErrorBytes);
-  const std::size_t payloadBytes = response.status.isOk() ? response.value.size() : message.size();
+  const std::vector<std::uint8_t> packed =
+      response.op == StoreOp::kGetMany && response.status.isOk() ? packValues(response.values) : std::vector<std::uint8_t>{};
+  const std::vector<std::uint8_t>& value = response.op == StoreOp::kGetMany ? packed : response.value;
+  const std::size_t payloadBytes = response.status.isOk() ? value.size() : message.size();
   std::vector<std::uint8_t> out(kStoreResponseHeaderBytes + payloadBytes);
   std::uint8_t* p = out.data();
   wire::store<std::uint32_t>(p, kStoreMagic);
@@ -296,7 +335,7 @@ std::vector<std::uint8_t> encodeStoreResponse(const StoreResponse& response) {
   wire::store<std::uint32_t>(p + 12, 0);
   wire::store<std::int64_t>(p + 16, response.number);
   if (payloadBytes > 0) {
-    const void* payload = response.status.isOk() ? static_cast<const void*>(response.value.data())
+    const void* payload = response.status.isOk() ? static_cast<const void*>(value.data())
                                                  : static_cast<const void*>(message.data());
     std::memcpy(p + kStoreResponseHeaderBytes, payload, payloadBytes);
   }
@@ -319,7 +358,7 @@ Result<StoreResponse> readStoreResponse(const StoreByteReader& read, StoreOp exp
   if (idleClose && code == StatusCode::kOk) return peerError("store response: an idle-close notice without a reason");
   const auto payloadBytes = wire::load<std::uint32_t>(&header[8]);
   if (wire::load<std::uint32_t>(&header[12]) != 0) return peerError("store response: reserved field is not 0");
-  const bool carriesValue = code == StatusCode::kOk && expectedOp == StoreOp::kGet;
+  const bool carriesValue = code == StatusCode::kOk && (expectedOp == StoreOp::kGet || expectedOp == StoreOp::kGetMany);
   const std::size_t limit = code != StatusCode::kOk ? kStoreMaxErrorBytes : carriesValue ? kStoreMaxValueBytes : 0;
   if (payloadBytes > limit) {
     return peerError("store response to {}: a payload of {} bytes exceeds the limit of {} bytes",
@@ -332,6 +371,10 @@ Result<StoreResponse> readStoreResponse(const StoreByteReader& read, StoreOp exp
   if (code == StatusCode::kOk) {
     response.value.resize(payloadBytes);
     MERIDIAN_RETURN_IF_ERROR(read(response.value).withContext("store response value"));
+    if (response.op == StoreOp::kGetMany) {
+      MERIDIAN_ASSIGN_OR_RETURN(response.values, unpackValues(response.value));
+      response.value.clear();
+    }
   } else {
     std::string message(payloadBytes, '\0');
     MERIDIAN_RETURN_IF_ERROR(read(bytesOf(message)).withContext("store response message"));
@@ -431,6 +474,16 @@ void StoreState::release(std::uint64_t bytes) {
 std::uint64_t StoreState::bytesHeld() const {
   std::lock_guard lock(mu_);
   return heldBytes_;
+}
+
+Result<std::vector<std::vector<std::uint8_t>>> Store::getMany(const std::vector<std::string>& keys, TimePoint deadline) {
+  MERIDIAN_RETURN_IF_ERROR(wait(keys, deadline));
+  std::vector<std::vector<std::uint8_t>> values;
+  for (const auto& key : keys) {
+    MERIDIAN_ASSIGN_OR_RETURN(std::vector<std::uint8_t> v, get(key, deadline));
+    values.push_back(std::move(v));
+  }
+  return values;
 }
 
 Result<std::vector<std::uint8_t>> StoreState::get(const std::string& key, TimePoint deadline) {
@@ -631,6 +684,20 @@ Status TcpStore::wait(const std::vector<std::string>& keys, TimePoint deadline) 
   return response.status;
 }
 
+Result<std::vector<std::vector<std::uint8_t>>> TcpStore::getMany(const std::vector<std::string>& keys,
+                                                                TimePoint deadline) {
+  StoreRequest request;
+  request.op = StoreOp::kGetMany;
+  request.keys = keys;
+  request.timeoutMs = timeoutMsUntil(deadline);
+  MERIDIAN_ASSIGN_OR_RETURN(StoreResponse response, roundTrip(request, blockingReplyDeadline(deadline)));
+  if (!response.status.isOk()) return response.status;
+  if (response.values.size() != keys.size()) {
+    return peerError("store GET-MANY at {}: {} values for {} keys", address_, response.values.size(), keys.size());
+  }
+  return std::move(response.values);
+}
+
 Result<std::int64_t> TcpStore::add(const std::string& key, std::int64_t delta) {
   StoreRequest request;
   request.op = StoreOp::kAdd;
@@ -668,18 +735,22 @@ Result<std::vector<std::vector<std::uint8_t>>> storeAllGather(Store& store, cons
     return invalidArgument("storeAllGather '{}': rank {} is outside a world of {}", printable(prefix), rank, worldSize);
   }
   MERIDIAN_RETURN_IF_ERROR(store.set(fmt::format("{}/{}", prefix, rank), blob));
-  std::vector<std::vector<std::uint8_t>> all(static_cast<std::size_t>(worldSize));
+  // Every other rank's blob in one request (one round trip to a TcpStore's server): one
+  // read per rank costs a round trip each, seconds for a few ranks across an ocean.
+  std::vector<std::string> keys;
   for (int r = 0; r < worldSize; ++r) {
-    if (r == rank) {
-      all[static_cast<std::size_t>(r)].assign(blob.begin(), blob.end());
-      continue;
-    }
-    auto value = store.get(fmt::format("{}/{}", prefix, r), deadline);
-    if (!value) {
-      return value.status().withContext(
-          fmt::format("storeAllGather '{}': rank {} waiting for rank {}", printable(prefix), rank, r));
-    }
-    all[static_cast<std::size_t>(r)] = std::move(value).value();
+    if (r != rank) keys.push_back(fmt::format("{}/{}", prefix, r));
+  }
+  std::vector<std::vector<std::uint8_t>> all(static_cast<std::size_t>(worldSize));
+  all[static_cast<std::size_t>(rank)].assign(blob.begin(), blob.end());
+  if (keys.empty()) return all;
+  auto values = store.getMany(keys, deadline);
+  if (!values) {
+    return values.status().withContext(fmt::format("storeAllGather '{}': rank {} waiting for the {} others",
+                                                   printable(prefix), rank, keys.size()));
+  }
+  for (int r = 0, i = 0; r < worldSize; ++r) {
+    if (r != rank) all[static_cast<std::size_t>(r)] = std::move(values.value()[static_cast<std::size_t>(i++)]);
   }
   return all;
 }

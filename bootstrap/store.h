@@ -57,21 +57,35 @@ inline constexpr std::uint64_t kStoreNoTimeout = UINT64_MAX;
 // closes a connection that stayed idle past MERIDIAN_STORE_IDLE_TIMEOUT_MS (with kTimeout and
 // a message). Nothing the client sent after it was executed, so the client reconnects and
 // sends its request again.
-enum class StoreOp : std::uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4, kCheck = 5, kDelete = 6, kIdleClose = 7 };
+//
+// kGetMany blocks like WAIT until every key exists, then answers every value in one
+// payload: per key, in the order asked, u32 valueBytes then the value (at most
+// kStoreMaxValueBytes in all): an all-gather through the store in one round trip.
+enum class StoreOp : std::uint8_t {
+  kSet = 1,
+  kGet = 2,
+  kWait = 3,
+  kAdd = 4,
+  kCheck = 5,
+  kDelete = 6,
+  kIdleClose = 7,
+  kGetMany = 8,
+};
 const char* toString(StoreOp op);
 
 struct StoreRequest {
   StoreOp op = StoreOp::kGet;
-  std::vector<std::string> keys;  // exactly one, except WAIT and CHECK (0..kStoreMaxKeys)
+  std::vector<std::string> keys;  // exactly one, except WAIT, CHECK and GET-MANY (0..kStoreMaxKeys)
   std::vector<std::uint8_t> value;  // SET only
   std::int64_t delta = 0;           // ADD only
-  std::uint64_t timeoutMs = 0;      // GET and WAIT: how long the server may block
+  std::uint64_t timeoutMs = 0;      // GET, WAIT and GET-MANY: how long the server may block
 };
 
 struct StoreResponse {
   StoreOp op = StoreOp::kGet;
   Status status;                    // ok, or what the server answered (kTimeout, kInvalidArgument...)
   std::vector<std::uint8_t> value;  // GET
+  std::vector<std::vector<std::uint8_t>> values;  // GET-MANY, in the order of the keys asked
   std::int64_t number = 0;          // ADD: the new value; CHECK and DELETE: 1 or 0
 };
 
@@ -146,6 +160,10 @@ class Store {
   virtual Result<std::vector<std::uint8_t>> get(const std::string& key, TimePoint deadline) = 0;
   // Blocks until every key exists or the deadline passes.
   virtual Status wait(const std::vector<std::string>& keys, TimePoint deadline) = 0;
+  // Blocks until every key exists, then returns their values in the order of `keys` (a
+  // TcpStore: in one round trip). The default waits, then gets the keys one by one.
+  virtual Result<std::vector<std::vector<std::uint8_t>>> getMany(const std::vector<std::string>& keys,
+                                                                 TimePoint deadline);
   // Adds delta to the integer counter at key (missing: 0) and returns the new value.
   virtual Result<std::int64_t> add(const std::string& key, std::int64_t delta) = 0;
   // True when every key exists; never blocks.
@@ -307,6 +325,8 @@ class TcpStore final : public Store {
   Status set(const std::string& key, std::span<const std::uint8_t> value) override;
   Result<std::vector<std::uint8_t>> get(const std::string& key, TimePoint deadline) override;
   Status wait(const std::vector<std::string>& keys, TimePoint deadline) override;
+  Result<std::vector<std::vector<std::uint8_t>>> getMany(const std::vector<std::string>& keys,
+                                                         TimePoint deadline) override;
   Result<std::int64_t> add(const std::string& key, std::int64_t delta) override;
   Result<bool> check(const std::vector<std::string>& keys) override;
   Result<bool> del(const std::string& key) override;

@@ -70,6 +70,22 @@ StoreResponse execute(StoreState& state, const StoreRequest& request) {
     case StoreOp::kWait:
       response.status = state.wait(request.keys, deadlineFromTimeoutMs(request.timeoutMs));
       break;
+    case StoreOp::kGetMany: {
+      auto values = state.getMany(request.keys, deadlineFromTimeoutMs(request.timeoutMs));
+      std::size_t bytes = 0;
+      if (values) {
+        for (const auto& v : values.value()) bytes += 4 + v.size();
+      }
+      if (!values) {
+        response.status = values.status();
+      } else if (bytes > kStoreMaxValueBytes) {
+        response.status = invalidArgument("store GET-MANY: {} values of {} bytes in all exceed one answer's limit of {}",
+                                          values->size(), bytes, kStoreMaxValueBytes);
+      } else {
+        response.values = std::move(values).value();
+      }
+      break;
+    }
     case StoreOp::kAdd: {
       auto sum = state.add(request.keys[0], request.delta);
       if (sum) {
@@ -456,7 +472,7 @@ void StoreServer::Loop::handle(Conn& c, StoreRequest request) {
     return answer(c, refused);
   }
   s_.state_.release(std::exchange(c.reserved, 0));  // set() counts the value itself now
-  if (request.op == StoreOp::kGet || request.op == StoreOp::kWait) {
+  if (request.op == StoreOp::kGet || request.op == StoreOp::kWait || request.op == StoreOp::kGetMany) {
     const bool ready = s_.state_.check(request.keys).value();
     const TimePoint deadline = deadlineFromTimeoutMs(request.timeoutMs);
     if (!ready && deadline > Clock::now()) {

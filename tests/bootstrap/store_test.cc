@@ -117,12 +117,13 @@ StoreRequest sampleRequest(StoreOp op) {
     case StoreOp::kCheck: r.keys = {"x", "y"}; break;
     case StoreOp::kDelete: break;
     case StoreOp::kIdleClose: break;  // the server's notice, never a request
+    case StoreOp::kGetMany: r.keys = {"g/0", "g/2", ""}; r.timeoutMs = 99; break;
   }
   return r;
 }
 
-constexpr StoreOp kAllOps[] = {StoreOp::kSet, StoreOp::kGet, StoreOp::kWait,
-                               StoreOp::kAdd, StoreOp::kCheck, StoreOp::kDelete};
+constexpr StoreOp kAllOps[] = {StoreOp::kSet,   StoreOp::kGet,    StoreOp::kWait,   StoreOp::kAdd,
+                               StoreOp::kCheck, StoreOp::kDelete, StoreOp::kGetMany};
 
 // ---- Codec -------------------------------------------------------------------------
 
@@ -333,6 +334,31 @@ TEST(StoreCodecTest, ResponseDecoderRejectsWrongOpUnknownCodeAndOversizedPayload
   auto huge = decodeStoreResponse(hugeValue, StoreOp::kGet);
   ASSERT_FALSE(huge);
   EXPECT_NE(huge.status().message().find("exceeds the limit"), std::string::npos) << huge.status().message();
+}
+
+// GET-MANY's answer: every value, in order, empty ones too; a value length that runs past
+// the payload is refused before anything is copied.
+TEST(StoreCodecTest, GetManyAnswersEveryValueInOrderAndBoundsEachLength) {
+  StoreResponse many;
+  many.op = StoreOp::kGetMany;
+  many.values = {bytes("one"), {}, bytes("three\0")};
+  auto frame = encodeStoreResponse(many);
+  auto got = decodeStoreResponse(frame, StoreOp::kGetMany);
+  ASSERT_TRUE(got) << got.status().toString();
+  ASSERT_EQ(got->values.size(), 3u);
+  EXPECT_EQ(text(got->values[0]), "one");
+  EXPECT_TRUE(got->values[1].empty());
+  EXPECT_EQ(got->values[2], bytes("three\0"));
+  auto overrun = frame;  // the first value claims more bytes than the payload holds
+  wire::store<std::uint32_t>(overrun.data() + kStoreResponseHeaderBytes, 1000);
+  auto bad = decodeStoreResponse(overrun, StoreOp::kGetMany);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.status().code(), StatusCode::kPeerError);
+  EXPECT_NE(bad.status().message().find("a value of 1000 bytes"), std::string::npos) << bad.status().message();
+  auto cut = frame;  // a length field cut short: the payload ends 2 bytes into it
+  cut.resize(kStoreResponseHeaderBytes + 4 + 3 + 2);
+  wire::store<std::uint32_t>(cut.data() + 8, 4 + 3 + 2);
+  EXPECT_EQ(decodeStoreResponse(cut, StoreOp::kGetMany).status().code(), StatusCode::kPeerError);
 }
 
 // ---- StoreState --------------------------------------------------------------------
@@ -608,6 +634,13 @@ TEST_F(TcpStoreTest, ServesEveryOpOverLoopback) {
   EXPECT_EQ(store->add("n", 4).value(), 7);
   EXPECT_EQ(store->add("k", 1).status().code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(store->wait({"k", "n"}, in(milliseconds(1000))));
+  auto many = store->getMany({"n", "k", "empty"}, in(milliseconds(1000)));
+  ASSERT_TRUE(many) << many.status().toString();
+  ASSERT_EQ(many->size(), 3u);
+  EXPECT_EQ(text((*many)[0]), "7");
+  EXPECT_EQ(text((*many)[1]), "v2");
+  EXPECT_TRUE((*many)[2].empty());
+  EXPECT_EQ(store->getMany({"k", "missing"}, in(milliseconds(30))).status().code(), StatusCode::kTimeout);
   EXPECT_TRUE(store->check({"k", "n"}).value());
   EXPECT_FALSE(store->check({"k", "zz"}).value());
   EXPECT_TRUE(store->del("k").value());

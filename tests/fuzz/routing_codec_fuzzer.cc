@@ -1,5 +1,6 @@
 // libFuzzer target for the control decoders (routing/link_state.h rows, routing/plan_codec.h
-// announcements and bootstrap/membership.h messages), which parse what peers send: whatever the bytes,
+// announcements, bootstrap/membership.h messages and the bootstrap store's requests and
+// answers, GET-MANY's packed values included), which parse what peers send: whatever the bytes,
 // decoding returns a value or a clear error, never crashes or reads out of bounds, and a
 // value that decodes re-encodes to something that decodes to the same value.
 #include <cstddef>
@@ -7,6 +8,7 @@
 #include <span>
 
 #include "bootstrap/membership.h"
+#include "bootstrap/store.h"
 #include "routing/link_state.h"
 #include "routing/plan_codec.h"
 
@@ -48,6 +50,21 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (auto m = meridian::bootstrap::membership::decodeMessage(in); m.isOk()) {
     auto again = meridian::bootstrap::membership::decodeMessage(meridian::bootstrap::membership::encodeMessage(m.value()));
     if (!again.isOk() || !(again.value() == m.value())) __builtin_trap();
+  }
+  using meridian::bootstrap::StoreOp;
+  if (auto request = meridian::bootstrap::decodeStoreRequest(in); request.isOk()) {
+    auto frame = meridian::bootstrap::encodeStoreRequest(request.value());
+    if (!frame.isOk()) __builtin_trap();  // what decodes is within every limit
+    auto again = meridian::bootstrap::decodeStoreRequest(frame.value());
+    if (!again.isOk() || again.value().keys != request.value().keys || again.value().value != request.value().value) {
+      __builtin_trap();
+    }
+  }
+  for (StoreOp op : {StoreOp::kGet, StoreOp::kGetMany, StoreOp::kAdd}) {
+    if (auto response = meridian::bootstrap::decodeStoreResponse(in, op); response.isOk() && op == StoreOp::kGetMany) {
+      auto again = meridian::bootstrap::decodeStoreResponse(meridian::bootstrap::encodeStoreResponse(response.value()), op);
+      if (!again.isOk() || again.value().values != response.value().values) __builtin_trap();
+    }
   }
   return 0;
 }

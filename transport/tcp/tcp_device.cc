@@ -241,18 +241,48 @@ Result<ChannelPtr> TcpDevice::openChannel(const ChannelSpec& spec, TimePoint dea
       UniqueFd fd;
       SessionKeys keys;
     };
-    std::vector<Opened> fds;
+    // Every stream of every path connects and shakes hands at once: one after another they
+    // would cost a few round trips each, seconds to a peer across an ocean. The server side
+    // runs its handshakes side by side in its event loop.
+    const int perPath = d.options.tcp.streamsPerPath;
+    std::vector<HostPort> remotes;
     for (std::size_t p = 0; p < nPaths; ++p) {
       auto remote = parseHostPort((*peerAddresses)[p]);
       if (!remote) return remote.status();
-      for (int s = 0; s < d.options.tcp.streamsPerPath; ++s) {
-        auto fd = connectTo(remote.value(), d.localIps[p], deadline);
-        if (!fd) return fd.status().withContext(fmt::format("path {} to rank {}", p, spec.peerRank));
-        const ConnectInfo info = dataStreamInfo(spec.sessionId, spec.selfRank, p, s, d.options.tcp.streamsPerPath, nPaths);
-        auto keys = clientHandshake(fd->get(), d.options.secret, *d.options.wireSecurity, info, deadline);
-        if (!keys) return keys.status().withContext(fmt::format("path {} to rank {}", p, spec.peerRank));
-        fds.push_back({p, std::move(fd.value()), keys.value()});
+      remotes.push_back(remote.value());
+    }
+    std::vector<Result<Opened>> dialed;
+    dialed.reserve(nPaths * static_cast<std::size_t>(perPath));
+    for (std::size_t i = 0; i < nPaths * static_cast<std::size_t>(perPath); ++i) dialed.emplace_back(internalError("not dialled"));
+    {
+      std::vector<std::jthread> dialers;
+      for (std::size_t p = 0; p < nPaths; ++p) {
+        for (int s = 0; s < perPath; ++s) {
+          dialers.emplace_back([&, p, s] {
+            Result<Opened>& out = dialed[p * static_cast<std::size_t>(perPath) + static_cast<std::size_t>(s)];
+            auto fd = connectTo(remotes[p], d.localIps[p], deadline);
+            if (!fd) {
+              out = fd.status();
+              return;
+            }
+            const ConnectInfo info = dataStreamInfo(spec.sessionId, spec.selfRank, p, s, perPath, nPaths);
+            auto keys = clientHandshake(fd->get(), d.options.secret, *d.options.wireSecurity, info, deadline);
+            if (!keys) {
+              out = keys.status();
+              return;
+            }
+            out = Opened{p, std::move(fd.value()), keys.value()};
+          });
+        }
       }
+    }  // joined: every dial ended, by its deadline at the latest
+    std::vector<Opened> fds;
+    for (std::size_t i = 0; i < dialed.size(); ++i) {
+      if (!dialed[i].isOk()) {
+        return dialed[i].status().withContext(fmt::format("path {} to rank {}", i / static_cast<std::size_t>(perPath),
+                                                          spec.peerRank));
+      }
+      fds.push_back(std::move(dialed[i]).value());
     }
     d.runOnProgress([&] {
       for (auto& f : fds) d.attachStream(*e, std::move(f.fd), f.path, f.keys);
