@@ -65,7 +65,7 @@ cleanup() {
   if [ -n "$timelinePid" ]; then kill "$timelinePid" 2>/dev/null; wait "$timelinePid" 2>/dev/null || true; fi
   if [ "$keep" = 1 ] && [ "$code" = 0 ]; then
     "${lab[@]}" reconnect "$outageRegion" >/dev/null 2>&1 || true  # an outage the run outlived
-    say "left up: lab '$labName' (${lab[*]} down) and Prometheus (scripts/prometheus.sh stop)"
+    say "left up: lab '$labName' (${lab[*]} down) and Prometheus (MERIDIAN_PROMETHEUS_DIR=$MERIDIAN_PROMETHEUS_DIR scripts/prometheus.sh stop)"
     exit 0
   fi
   "${lab[@]}" down >/dev/null 2>&1 || true
