@@ -121,7 +121,7 @@ availability = 1 - lost / wall if wall > 0 else 0
 recover = [float(m.group(1)) for t, text in lines
            for m in [re.search(r"; ([0-9.]+) s to recover, going on from step", text)] if m]
 admit = [float(m.group(1)) for t, text in lines
-         for m in [re.search(r"joined at step \d+, state handed over in ([0-9.]+) s", text)] if m]
+         for m in [re.search(r"joined(?:, [^;]*?)?, at step \d+, state handed over in ([0-9.]+) s", text)] if m]
 ok = runStatus == "0"
 j = json.load(open(f"{tmp}/chaos.json")) if ok else {}
 s = json.load(open(f"{tmp}/straight.json"))
