@@ -4,7 +4,9 @@
 #include <chrono>
 #include <fstream>
 #include <sstream>
+#include <iterator>
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
@@ -28,17 +30,18 @@ Result<std::string> scalar(const Where& w, const YAML::Node& map, const char* ke
   return v.as<std::string>();
 }
 
+// Every action a scenario knows, by the key that names it in the file.
+constexpr std::pair<const char*, ScenarioEvent::Kind> kActions[] = {
+    {"degrade", ScenarioEvent::Kind::kDegrade}, {"cut", ScenarioEvent::Kind::kCut},
+    {"restore", ScenarioEvent::Kind::kRestore}, {"cross-traffic", ScenarioEvent::Kind::kCrossTraffic},
+    {"isolate", ScenarioEvent::Kind::kIsolate}, {"reconnect", ScenarioEvent::Kind::kReconnect},
+    {"kill", ScenarioEvent::Kind::kKill},       {"drain", ScenarioEvent::Kind::kDrain},
+    {"restart", ScenarioEvent::Kind::kRestart},
+};
+
 const char* kindName(ScenarioEvent::Kind k) {
-  switch (k) {
-    case ScenarioEvent::Kind::kDegrade: return "degrade";
-    case ScenarioEvent::Kind::kCut: return "cut";
-    case ScenarioEvent::Kind::kRestore: return "restore";
-    case ScenarioEvent::Kind::kIsolate: return "isolate";
-    case ScenarioEvent::Kind::kReconnect: return "reconnect";
-    case ScenarioEvent::Kind::kCrossTraffic: return "cross-traffic";
-    case ScenarioEvent::Kind::kKill: return "kill";
-    case ScenarioEvent::Kind::kDrain: return "drain";
-    case ScenarioEvent::Kind::kRestart: return "restart";
+  for (const auto& [name, kind] : kActions) {
+    if (kind == k) return name;
   }
   return "?";
 }
@@ -58,29 +61,14 @@ Result<ScenarioEvent> parseEvent(const Where& w, const YAML::Node& item, const T
     if (key == "at") continue;
     ++actions;
     body = kv.second;
-    if (key == "degrade") {
-      e.kind = ScenarioEvent::Kind::kDegrade;
-    } else if (key == "cut") {
-      e.kind = ScenarioEvent::Kind::kCut;
-    } else if (key == "restore") {
-      e.kind = ScenarioEvent::Kind::kRestore;
-    } else if (key == "cross-traffic") {
-      e.kind = ScenarioEvent::Kind::kCrossTraffic;
-    } else if (key == "isolate") {
-      e.kind = ScenarioEvent::Kind::kIsolate;
-    } else if (key == "reconnect") {
-      e.kind = ScenarioEvent::Kind::kReconnect;
-    } else if (key == "kill") {
-      e.kind = ScenarioEvent::Kind::kKill;
-    } else if (key == "drain") {
-      e.kind = ScenarioEvent::Kind::kDrain;
-    } else if (key == "restart") {
-      e.kind = ScenarioEvent::Kind::kRestart;
-    } else {
-      return w.error(kv.first, fmt::format("unknown action '{}' (expected degrade, cut, restore, cross-traffic, "
-                                           "isolate, reconnect, kill, drain, restart)",
-                                           key));
+    const auto* action = std::find_if(std::begin(kActions), std::end(kActions),
+                                      [&](const auto& a) { return key == a.first; });
+    if (action == std::end(kActions)) {
+      std::string known;
+      for (const auto& [name, kind] : kActions) known += (known.empty() ? "" : ", ") + std::string(name);
+      return w.error(kv.first, fmt::format("unknown action '{}' (expected {})", key, known));
     }
+    e.kind = action->second;
   }
   if (actions != 1) return w.error(item, "an event needs exactly one action besides 'at'");
   if (!body.IsMap()) return w.error(body, fmt::format("{} takes a map", kindName(e.kind)));

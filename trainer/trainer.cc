@@ -264,6 +264,11 @@ class Run {
   // `source`'s state (stateParts and the optimizer's step count) sent to every rank and
   // checked by digest; taken in where `take` (else the rank keeps its own).
   Status adoptState(int source, bool take = true);
+  // `parts` (paramCount floats each, backend memory) from `source` to every rank of `comm`
+  // through a host copy, taken in where `take`; what was sent is appended to `*sent` when
+  // given (for a digest).
+  Status broadcastParts(Communicator& comm, const std::vector<float*>& parts, int source, bool take,
+                        std::vector<std::uint8_t>* sent);
   // Runs `op`, a collective at a boundary (an evaluation, a checkpoint, the joiners' check)
   // at `position`. True when a lost rank cut it: it is not run again, and every survivor goes
   // on from `*agreed` (recover).
@@ -373,18 +378,15 @@ Status Run::setUpSync() {
 }
 
 Status Run::setUpHybrid() {
-  // Regions by name in the order they first appear (a membership change may leave them
-  // uneven: the cross-region communicators then cover the local indices every region has).
-  const std::vector<std::string>& names = comm_->regionNames();
-  std::vector<std::string> order;
-  regionOf_.assign(static_cast<std::size_t>(world_), 0);
-  for (int r = 0; r < world_; ++r) {
-    const std::string& name = static_cast<std::size_t>(r) < names.size() ? names[static_cast<std::size_t>(r)] : "";
-    const auto at = std::find(order.begin(), order.end(), name);
-    regionOf_[static_cast<std::size_t>(r)] = static_cast<int>(at - order.begin());
-    if (at == order.end()) order.push_back(name);
+  // The regions routing assigned to the world communicator in force, one snapshot for the
+  // grouping and the names; a membership change may leave them uneven: the cross-region
+  // communicators then cover the local indices every region has.
+  const routing::RegionAssignment regions = comm_->regions();
+  if (regions.regionOf.size() != static_cast<std::size_t>(world_)) {
+    return invalidArgument("--sync hybrid needs regions: set MERIDIAN_REGION on every rank");
   }
-  std::vector<std::vector<int>> members(order.size());
+  regionOf_ = regions.regionOf;
+  std::vector<std::vector<int>> members(static_cast<std::size_t>(*std::max_element(regionOf_.begin(), regionOf_.end())) + 1);
   for (int r = 0; r < world_; ++r) members[static_cast<std::size_t>(regionOf_[static_cast<std::size_t>(r)])].push_back(r);
   std::size_t common = members.front().size();
   for (const auto& m : members) common = std::min(common, m.size());
@@ -409,7 +411,10 @@ Status Run::setUpHybrid() {
   // Their per-peer series name the peers' regions, as the world communicator's do.
   for (const CommUse& use : {comms_[comms_.size() - 2], comms_.back()}) {
     std::vector<std::string> memberRegions;
-    for (int r : use.worldRanks) memberRegions.push_back(order[static_cast<std::size_t>(regionOf_[static_cast<std::size_t>(r)])]);
+    for (int r : use.worldRanks) {
+      const auto region = static_cast<std::size_t>(regionOf_[static_cast<std::size_t>(r)]);
+      memberRegions.push_back(region < regions.names.size() ? regions.names[region] : "");
+    }
     use.comm->labelPeerMetrics(memberRegions);
   }
   regionSync_ = std::make_unique<MeridianSyncComm>(*regionComm_);
@@ -426,12 +431,22 @@ Status Run::syncOuter() {
   if (!relayOuter_) return Status();
   // Uneven regions: every rank of this region takes the outer step's result from its first
   // rank (that one's cross-region sync covered every region), bit for bit.
+  return broadcastParts(*regionComm_, {model_->params(), outerSync_->anchor(), outerSync_->velocity()}, 0,
+                        /*take=*/true, nullptr);
+}
+
+Status Run::broadcastParts(Communicator& comm, const std::vector<float*>& parts, int source, bool take,
+                           std::vector<std::uint8_t>* sent) {
   const std::size_t n = model_->paramCount();
   std::vector<float> host(n);
-  for (float* part : {model_->params(), outerSync_->anchor(), outerSync_->velocity()}) {
+  for (float* part : parts) {
     backend_.copyToHost(host.data(), part, n * sizeof(float));
-    MERIDIAN_RETURN_IF_ERROR(regionComm_->broadcast(host.data(), host.data(), n, kernels::DataType::kF32, 0));
-    backend_.copyToDevice(part, host.data(), n * sizeof(float));
+    MERIDIAN_RETURN_IF_ERROR(comm.broadcast(host.data(), host.data(), n, kernels::DataType::kF32, source));
+    if (take) backend_.copyToDevice(part, host.data(), n * sizeof(float));
+    if (sent != nullptr) {
+      const auto* bytes = reinterpret_cast<const std::uint8_t*>(host.data());
+      sent->insert(sent->end(), bytes, bytes + n * sizeof(float));
+    }
   }
   return Status();
 }
@@ -671,16 +686,10 @@ Status Run::changeMembership(std::int64_t* step, bool* left) {
 }
 
 Status Run::adoptState(int source, bool take) {
-  const std::size_t n = model_->paramCount();
-  std::vector<float> host(n);
+  std::vector<float*> parts;
+  for (const auto& [name, part] : stateParts()) parts.push_back(part);
   std::vector<std::uint8_t> all;  // what the digest covers: what `source` sent
-  for (const auto& [name, part] : stateParts()) {
-    backend_.copyToHost(host.data(), part, n * sizeof(float));
-    MERIDIAN_RETURN_IF_ERROR(comm_->broadcast(host.data(), host.data(), n, kernels::DataType::kF32, source));
-    if (take) backend_.copyToDevice(part, host.data(), n * sizeof(float));
-    const auto* bytes = reinterpret_cast<const std::uint8_t*>(host.data());
-    all.insert(all.end(), bytes, bytes + n * sizeof(float));
-  }
+  MERIDIAN_RETURN_IF_ERROR(broadcastParts(*comm_, parts, source, take, &all));
   std::int64_t optSteps = opt_->steps();
   MERIDIAN_RETURN_IF_ERROR(comm_->broadcast(&optSteps, &optSteps, 1, kernels::DataType::kI64, source));
   if (take) opt_->setSteps(optSteps);
