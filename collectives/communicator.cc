@@ -12,11 +12,13 @@
 #include <algorithm>
 #include <cctype>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <numeric>
 #include <span>
+#include <thread>
 #include <string_view>
 #include <utility>
 
@@ -239,23 +241,7 @@ Result<std::unique_ptr<Communicator>> Communicator::build(bootstrap::Store& stor
     }
   }
 
-  // Full mesh: connect to every higher rank, then take the lower ranks' connections.
-  comm->channels_.resize(static_cast<std::size_t>(worldSize));
-  auto open = [&](int peer, bool initiate) -> Status {
-    transport::ChannelSpec spec;
-    spec.sessionId = comm->sessionId_;
-    spec.selfRank = rank;
-    spec.peerRank = peer;
-    spec.initiate = initiate;
-    // Both sides pass the peer's endpoint: the path count is min(ours, theirs).
-    spec.peer = comm->peerEndpoints_[static_cast<std::size_t>(peer)];
-    auto ch = comm->device_->openChannel(spec, deadline);
-    if (!ch.isOk()) return ch.status().withContext(fmt::format("rank {}: channel to rank {}", rank, peer));
-    comm->channels_[static_cast<std::size_t>(peer)] = std::move(ch).value();
-    return Status::ok();
-  };
-  for (int peer = rank + 1; peer < worldSize; ++peer) MERIDIAN_RETURN_IF_ERROR(open(peer, true));
-  for (int peer = 0; peer < rank; ++peer) MERIDIAN_RETURN_IF_ERROR(open(peer, false));
+  MERIDIAN_RETURN_IF_ERROR(comm->openMesh(deadline));
 
   MERIDIAN_RETURN_IF_ERROR(comm->startRouting(store, base, opts, deadline));
   comm->worker_ = std::thread([c = comm.get()] { c->workerLoop(); });
@@ -264,6 +250,51 @@ Result<std::unique_ptr<Communicator>> Communicator::build(bootstrap::Store& stor
             comm->sessionId_, transport::deviceKindName(comm->device_->kind()),
             comm->device_->describe(comm->device_->endpoint()));
   return comm;
+}
+
+Status Communicator::openMesh(TimePoint deadline) {
+  // Full mesh: this rank connects to every higher rank and takes the lower ranks'
+  // connections. Opened one after another, each channel would cost its connect and
+  // handshake round trips in turn (seconds to a handful of peers across oceans), so a few
+  // openers work through the peers side by side: the higher ranks first, then the lower.
+  // It cannot deadlock: an initiator's dial completes in the peer's event loop whether or
+  // not the peer waits for it yet, and every wait ends by the deadline.
+  channels_.resize(static_cast<std::size_t>(size_));
+  std::vector<int> peers;
+  for (int peer = rank_ + 1; peer < size_; ++peer) peers.push_back(peer);
+  for (int peer = 0; peer < rank_; ++peer) peers.push_back(peer);
+  std::vector<Status> results(peers.size());
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> failed{false};
+  auto opener = [&] {
+    // After a failure the set-up fails anyway: no new opens, those under way end by the deadline.
+    for (std::size_t i = next.fetch_add(1); i < peers.size() && !failed; i = next.fetch_add(1)) {
+      const int peer = peers[i];
+      transport::ChannelSpec spec;
+      spec.sessionId = sessionId_;
+      spec.selfRank = rank_;
+      spec.peerRank = peer;
+      spec.initiate = peer > rank_;
+      // Both sides pass the peer's endpoint: the path count is min(ours, theirs).
+      spec.peer = peerEndpoints_[static_cast<std::size_t>(peer)];
+      auto ch = device_->openChannel(spec, deadline);
+      if (!ch.isOk()) {
+        results[i] = ch.status().withContext(fmt::format("rank {}: channel to rank {}", rank_, peer));
+        failed = true;
+        continue;
+      }
+      channels_[static_cast<std::size_t>(peer)] = std::move(ch).value();
+    }
+  };
+  // Bounded: each opener holds a thread (and an initiator a dialler per stream) while it waits.
+  const std::size_t openers = std::min<std::size_t>(peers.size(), kMaxConcurrentOpens);
+  {
+    std::vector<std::jthread> pool;
+    for (std::size_t t = 1; t < openers; ++t) pool.emplace_back(opener);
+    opener();
+  }  // joined: every open ended, by the deadline at the latest
+  for (auto& st : results) MERIDIAN_RETURN_IF_ERROR(st);
+  return Status::ok();
 }
 
 Result<std::unique_ptr<Communicator>> Communicator::createFromEnvironment(const CommOptions& options) {
@@ -533,7 +564,8 @@ void Communicator::stopTransport() {
   channels_.assign(channels_.size(), nullptr);
 }
 
-void Communicator::abortTransport(const Status& why) {
+void Communicator::abortTransport(const Status& why, bool abandon) {
+  if (abandon) abandonPeers(everyRank(), why);
   stopTransport();
   for (auto& req : opRequests_.takeUnfinished()) req->complete(why, 0);
   for (auto& req : deferred_) req->complete(why, 0);  // ignored by the finished ones
@@ -681,7 +713,7 @@ void Communicator::execute(Op& op) {
         awaitRecovery();
         st = brokenStatus();  // the one reason every survivor gives (aborted, cut off, or the op's own)
       }
-      abortTransport(commError("communicator broken: {}", st.toString()));
+      abortTransport(commError("communicator broken: {}", st.toString()), /*abandon=*/true);
     } else if (!isCollective(op.kind)) {
       for (auto& req : opRequests_.takeUnfinished()) deferred_.push_back(std::move(req));
     }
@@ -754,12 +786,20 @@ void Communicator::retire() {
   stopTransport();
 }
 
-void Communicator::abandonPeers(const std::vector<int>& peers) {
+void Communicator::abandonPeers(const std::vector<int>& peers, const Status& why) {
   std::lock_guard<std::mutex> once(transportMu_);
   if (transportStopped_ || !device_) return;
   for (int p : peers) {
-    if (p != rank_) (void)device_->abandonChannel(sessionId_, p, peerError("rank {} is lost", p));
+    if (p != rank_) (void)device_->abandonChannel(sessionId_, p, why.isOk() ? peerError("rank {} is lost", p) : why);
   }
+}
+
+void Communicator::abandonPeers(const std::vector<int>& peers) { abandonPeers(peers, Status::ok()); }
+
+std::vector<int> Communicator::everyRank() const {
+  std::vector<int> all(static_cast<std::size_t>(size_));
+  std::iota(all.begin(), all.end(), 0);
+  return all;
 }
 
 void Communicator::onCutOff(std::size_t reachable, const bootstrap::membership::View& view) {
@@ -770,9 +810,7 @@ void Communicator::onCutOff(std::size_t reachable, const bootstrap::membership::
                                  "majority (the others go on without it; it may join again)",
                                  reachable, n, jobView);
     markBroken(why, /*replace=*/true);
-    std::vector<int> others;
-    for (int r = 0; r < size_; ++r) others.push_back(r);
-    abandonPeers(others);  // none of them answers from here
+    abandonPeers(everyRank());  // none of them answers from here
     stopTransport();       // the op in flight waits on peers that cannot answer: it fails now
     return why;
   });
@@ -896,9 +934,7 @@ void Communicator::stopChildren(const Status& why, bool planned) {
     // would wait on them for what they were last sent (seconds). The child is done with
     // every peer either way, and each survivor stops its own child for the same view.
     if (!planned) {
-      std::vector<int> all(static_cast<std::size_t>(child->size_));
-      std::iota(all.begin(), all.end(), 0);
-      child->abandonPeers(all);
+      child->abandonPeers(child->everyRank());
     }
     child->stopTransport();
   }

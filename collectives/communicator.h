@@ -305,12 +305,16 @@ class Communicator {
   void markBroken(const Status& reason, bool replace = false, bool planned = false);
   // After a failed op: stops the transport (no request touches a buffer any more, and the
   // peers see the failure at once) and completes every request still pending with `why`.
-  // Op thread (or the destructor).
-  void abortTransport(const Status& why);
+  // `abandon`: the channels fail first, so closing does not wait for peers to acknowledge
+  // what they were sent (a broken communicator owes them nothing, and one cut off from
+  // them would wait seconds). Op thread (or the destructor, which delivers first).
+  void abortTransport(const Status& why, bool abandon = false);
   // The first half of that, from any thread, once.
   void stopTransport();
   // Fails the channels to `peers` at once (lost ranks: closing must not wait on them).
+  void abandonPeers(const std::vector<int>& peers, const Status& why);
   void abandonPeers(const std::vector<int>& peers);
+  std::vector<int> everyRank() const;  // 0 .. size-1
   // Elastic: the control thread agreed on `view` (this rank in it unless `evicted`).
   void onView(const bootstrap::membership::View& view, bool evicted);
   // Runs `work` on the recovery thread, once per communicator (false: one ran already, or
@@ -328,6 +332,9 @@ class Communicator {
   Status brokenStatus() const;
   Status brokenStatusLocked() const;  // mu_ held
   // Starts the path monitor (probes, congestion, weights) and learns every rank's region.
+  // Opens the channel to every peer (set-up, after the endpoints are gathered).
+  Status openMesh(TimePoint deadline);
+  static constexpr std::size_t kMaxConcurrentOpens = 8;
   Status startRouting(bootstrap::Store& store, const std::string& base, const CommOptions& opts, TimePoint deadline);
 
   static std::size_t bytesOf(std::size_t count, DataType dtype) { return count * kernels::dataTypeSize(dtype); }

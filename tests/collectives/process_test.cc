@@ -304,6 +304,14 @@ TEST(CollectivesProcessTest, ARankAsksToLeaveAndGoesWithoutAnyoneSeeingAnError) 
 TEST(CollectivesProcessTest, SplitCommunicatorsStopWithTheirParentAndAreSplitAgainFromItsSuccessor) {
   runWorld(4, {"MERIDIAN_TEST_SPLIT=3", "MERIDIAN_ELASTIC=on"}, {3});
 }
+// A member of a 3-rank child frozen (sockets open, nothing acknowledged) over TCP channels:
+// the children stop without waiting on it, and the successor comes within the peer timeout
+// plus the set-up (worker_main.cc bounds it).
+TEST(CollectivesProcessTest, AFrozenRankDoesNotHoldUpTheTeardownOfSplitCommunicators) {
+  runWorld(6, {"MERIDIAN_TEST_SPLIT=4", "MERIDIAN_TEST_SPLIT_FREEZE=1", "MERIDIAN_ELASTIC=on", "MERIDIAN_SHM=off",
+               "MERIDIAN_PEER_TIMEOUT_MS=1500", "MERIDIAN_ALGO=ring"},
+           {4});
+}
 // The first rank (the host of the job's store and the lowest member) is the one lost.
 TEST(CollectivesProcessTest, RankZeroKilledMidAllreduceTheSurvivorsGoOn) {
   runWorld(4, {"MERIDIAN_TEST_SHRINK=0", "MERIDIAN_ELASTIC=on"}, {0});

@@ -157,9 +157,24 @@ int main() {
   // checked allreduces; rank v kills itself in the fourth. Every survivor's child op fails,
   // the survivors take the parent's successor, split it again, and the children's
   // allreduces are right on the survivors.
+  // MERIDIAN_TEST_SPLIT_FREEZE=1: rank v freezes (SIGSTOP) instead: its peers' eager sends
+  // stay unacknowledged, and no survivor's teardown of a child may wait on them. Each must
+  // hold the parent's successor within MERIDIAN_PEER_TIMEOUT_MS + 4 s of its last good child
+  // allreduce (a child's close once waited 5 s more for the frozen rank); the lowest survivor
+  // then ends the frozen rank with SIGKILL.
   if (const char* splitEnv = std::getenv("MERIDIAN_TEST_SPLIT"); splitEnv != nullptr) {
     const int victim = std::atoi(splitEnv);
     std::unique_ptr<collectives::Communicator> owner = std::move(comm).value();
+    const bool freeze = std::getenv("MERIDIAN_TEST_SPLIT_FREEZE") != nullptr;
+    const char* timeoutEnv = std::getenv("MERIDIAN_PEER_TIMEOUT_MS");
+    const double recoveryLimit = std::atof(timeoutEnv != nullptr ? timeoutEnv : "5000") / 1e3 + 4.0;
+    std::int64_t myPid = ::getpid();
+    std::vector<std::int64_t> pids(static_cast<std::size_t>(n));
+    if (Status st = owner->allgather(&myPid, pids.data(), 1, DataType::kI64); !st.isOk()) {
+      std::fprintf(stderr, "rank %d: allgather of pids: %s\n", owner->rank(), st.toString().c_str());
+      return 1;
+    }
+    auto lastGood = std::chrono::steady_clock::now();
     std::vector<float> buf(64 * 1024);
     int failures = 0;
     for (int round = 0; round < 2; ++round) {
@@ -183,7 +198,7 @@ int main() {
       bool cut = false;
       const auto giveUp = std::chrono::steady_clock::now() + std::chrono::seconds(30);
       for (int iter = 0; round == 0 ? std::chrono::steady_clock::now() < giveUp : iter < 8; ++iter) {
-        if (me == victim && iter == 3) std::raise(SIGKILL);
+        if (me == victim && iter == 3) std::raise(freeze ? SIGSTOP : SIGKILL);
         fillShare(buf, *sub, iter);
         if (Status st = sub->allreduce(buf.data(), buf.data(), buf.size(), DataType::kF32, ReduceOp::kSum); !st.isOk()) {
           std::fprintf(stderr, "rank %d: child allreduce %d: %s\n", me, iter, st.toString().c_str());
@@ -194,6 +209,7 @@ int main() {
           std::fprintf(stderr, "rank %d: %s\n", me, e.c_str());
           return 1;
         }
+        lastGood = std::chrono::steady_clock::now();
       }
       if (!cut) continue;
       ++failures;
@@ -204,6 +220,13 @@ int main() {
         return 1;
       }
       owner = std::move(next).value();
+      const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - lastGood).count();
+      std::fprintf(stderr, "rank %d: successor %.3f s after the last good child allreduce\n", me, took);
+      if (freeze && took > recoveryLimit) {
+        std::fprintf(stderr, "rank %d: the successor came after %.3f s, over %.1f s\n", me, took, recoveryLimit);
+        return 1;
+      }
+      if (freeze && owner->rank() == 0) ::kill(static_cast<pid_t>(pids[static_cast<std::size_t>(victim)]), SIGKILL);
     }
     // Every survivor's child saw the loss once (the other parity's too: the parent stopped it).
     if (failures != 1 || owner->size() != n - 1) {
