@@ -476,6 +476,14 @@ std::uint64_t StoreState::bytesHeld() const {
   return heldBytes_;
 }
 
+Result<std::vector<std::vector<std::uint8_t>>> Store::setAndGetMany(const std::string& key,
+                                                                   std::span<const std::uint8_t> value,
+                                                                   const std::vector<std::string>& keys,
+                                                                   TimePoint deadline) {
+  MERIDIAN_RETURN_IF_ERROR(set(key, value));
+  return getMany(keys, deadline);
+}
+
 Result<std::vector<std::vector<std::uint8_t>>> Store::getMany(const std::vector<std::string>& keys, TimePoint deadline) {
   MERIDIAN_RETURN_IF_ERROR(wait(keys, deadline));
   std::vector<std::vector<std::uint8_t>> values;
@@ -625,32 +633,55 @@ Status TcpStore::reconnect() {
   return Status::ok();
 }
 
-Result<StoreResponse> TcpStore::exchange(std::span<const std::uint8_t> frame, StoreOp op, TimePoint replyDeadline) {
-  MERIDIAN_RETURN_IF_ERROR(conn_->send(frame, ioDeadline()));
-  return readStoreResponse([&](std::span<std::uint8_t> dst) { return conn_->read(dst, replyDeadline); }, op);
+Result<std::vector<StoreResponse>> TcpStore::exchange(std::span<const std::uint8_t> frames,
+                                                      std::span<const StoreRequest> requests, TimePoint replyDeadline) {
+  MERIDIAN_RETURN_IF_ERROR(conn_->send(frames, ioDeadline()));
+  std::vector<StoreResponse> responses;
+  for (const StoreRequest& request : requests) {
+    MERIDIAN_ASSIGN_OR_RETURN(StoreResponse response,
+                              readStoreResponse([&](std::span<std::uint8_t> dst) { return conn_->read(dst, replyDeadline); },
+                                                request.op));
+    const bool idleClose = response.op == StoreOp::kIdleClose;
+    responses.push_back(std::move(response));
+    if (idleClose) break;  // nothing after it was executed
+  }
+  return responses;
 }
 
 Result<StoreResponse> TcpStore::roundTrip(const StoreRequest& request, TimePoint replyDeadline) {
-  MERIDIAN_ASSIGN_OR_RETURN(const std::vector<std::uint8_t> frame, encodeStoreRequest(request));
+  MERIDIAN_ASSIGN_OR_RETURN(std::vector<StoreResponse> responses, roundTrips({&request, 1}, replyDeadline));
+  return std::move(responses.front());
+}
+
+Result<std::vector<StoreResponse>> TcpStore::roundTrips(std::span<const StoreRequest> requests, TimePoint replyDeadline) {
+  std::vector<std::uint8_t> frames;
+  for (const StoreRequest& request : requests) {
+    MERIDIAN_ASSIGN_OR_RETURN(const std::vector<std::uint8_t> frame, encodeStoreRequest(request));
+    frames.insert(frames.end(), frame.begin(), frame.end());
+  }
   std::lock_guard lock(mu_);
   if (!broken_.isOk()) return broken_;
   // The server closes a connection idle for MERIDIAN_STORE_IDLE_TIMEOUT_MS, saying so first;
-  // nothing sent after that notice was executed, so the request goes again on a new one.
+  // nothing sent after that notice was executed, so the requests go again on a new one.
+  auto idleClosed = [](const Result<std::vector<StoreResponse>>& r) {
+    return r.isOk() && !r->empty() && r->back().op == StoreOp::kIdleClose;
+  };
   Result<bool> idle = closedForIdleness();
   Status failure = idle.status();
   if (idle.isOk() && idle.value()) failure = reconnect();
   if (failure) {
-    auto response = exchange(frame, request.op, replyDeadline);
-    if (response && response->op == StoreOp::kIdleClose) {
-      failure = reconnect();
-      if (failure) response = exchange(frame, request.op, replyDeadline);
-      if (response && response->op == StoreOp::kIdleClose) response = peerError("closed for idleness twice in a row");
+    auto responses = exchange(frames, requests, replyDeadline);
+    if (idleClosed(responses)) {
+      // The server answers requests one at a time: a notice can only come first.
+      failure = responses->size() == 1 ? reconnect() : peerError("closed for idleness between pipelined requests");
+      if (failure) responses = exchange(frames, requests, replyDeadline);
+      if (idleClosed(responses)) responses = peerError("closed for idleness twice in a row");
     }
-    if (failure && response) return response;
-    if (failure) failure = response.status();
+    if (failure && responses) return responses;
+    if (failure) failure = responses.status();
   }
   // The stream may be mid-frame now: never reuse it.
-  failure = failure.withContext(fmt::format("store {} at {}", toString(request.op), address_));
+  failure = failure.withContext(fmt::format("store {} at {}", toString(requests.front().op), address_));
   broken_ = peerError("store connection to {} is unusable after an earlier error: {}", address_, failure.message());
   (void)::shutdown(fd_.get(), SHUT_RDWR);  // only tells the server; ENOTCONN when it is gone already
   return failure;
@@ -691,11 +722,34 @@ Result<std::vector<std::vector<std::uint8_t>>> TcpStore::getMany(const std::vect
   request.keys = keys;
   request.timeoutMs = timeoutMsUntil(deadline);
   MERIDIAN_ASSIGN_OR_RETURN(StoreResponse response, roundTrip(request, blockingReplyDeadline(deadline)));
+  return valuesOf(std::move(response), keys.size());
+}
+
+Result<std::vector<std::vector<std::uint8_t>>> TcpStore::valuesOf(StoreResponse response, std::size_t keys) const {
   if (!response.status.isOk()) return response.status;
-  if (response.values.size() != keys.size()) {
-    return peerError("store GET-MANY at {}: {} values for {} keys", address_, response.values.size(), keys.size());
+  if (response.values.size() != keys) {
+    return peerError("store GET-MANY at {}: {} values for {} keys", address_, response.values.size(), keys);
   }
   return std::move(response.values);
+}
+
+Result<std::vector<std::vector<std::uint8_t>>> TcpStore::setAndGetMany(const std::string& key,
+                                                                      std::span<const std::uint8_t> value,
+                                                                      const std::vector<std::string>& keys,
+                                                                      TimePoint deadline) {
+  // Both requests leave together: the server answers them in order, so the SET is in before
+  // the GET-MANY waits, and the pair costs one round trip.
+  std::array<StoreRequest, 2> requests;
+  requests[0].op = StoreOp::kSet;
+  requests[0].keys = {key};
+  requests[0].value.assign(value.begin(), value.end());
+  requests[1].op = StoreOp::kGetMany;
+  requests[1].keys = keys;
+  requests[1].timeoutMs = timeoutMsUntil(deadline);
+  MERIDIAN_ASSIGN_OR_RETURN(std::vector<StoreResponse> responses, roundTrips(requests, blockingReplyDeadline(deadline)));
+  if (responses.size() != requests.size()) return internalError("store: {} answers to 2 requests", responses.size());
+  if (!responses[0].status.isOk()) return responses[0].status.withContext(fmt::format("store SET of '{}'", printable(key)));
+  return valuesOf(std::move(responses[1]), keys.size());
 }
 
 Result<std::int64_t> TcpStore::add(const std::string& key, std::int64_t delta) {
@@ -734,17 +788,20 @@ Result<std::vector<std::vector<std::uint8_t>>> storeAllGather(Store& store, cons
   if (worldSize < 1 || rank < 0 || rank >= worldSize) {
     return invalidArgument("storeAllGather '{}': rank {} is outside a world of {}", printable(prefix), rank, worldSize);
   }
-  MERIDIAN_RETURN_IF_ERROR(store.set(fmt::format("{}/{}", prefix, rank), blob));
-  // Every other rank's blob in one request (one round trip to a TcpStore's server): one
-  // read per rank costs a round trip each, seconds for a few ranks across an ocean.
+  // This rank's blob in and every other rank's out in one round trip to a TcpStore's server:
+  // a round trip per read costs seconds for a few ranks across an ocean.
   std::vector<std::string> keys;
   for (int r = 0; r < worldSize; ++r) {
     if (r != rank) keys.push_back(fmt::format("{}/{}", prefix, r));
   }
   std::vector<std::vector<std::uint8_t>> all(static_cast<std::size_t>(worldSize));
   all[static_cast<std::size_t>(rank)].assign(blob.begin(), blob.end());
-  if (keys.empty()) return all;
-  auto values = store.getMany(keys, deadline);
+  const std::string mine = fmt::format("{}/{}", prefix, rank);
+  if (keys.empty()) {
+    MERIDIAN_RETURN_IF_ERROR(store.set(mine, blob));
+    return all;
+  }
+  auto values = store.setAndGetMany(mine, blob, keys, deadline);
   if (!values) {
     return values.status().withContext(fmt::format("storeAllGather '{}': rank {} waiting for the {} others",
                                                    printable(prefix), rank, keys.size()));

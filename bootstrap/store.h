@@ -164,6 +164,12 @@ class Store {
   // TcpStore: in one round trip). The default waits, then gets the keys one by one.
   virtual Result<std::vector<std::vector<std::uint8_t>>> getMany(const std::vector<std::string>& keys,
                                                                  TimePoint deadline);
+  // set(key, value), then getMany(keys) (a TcpStore: both in one round trip, pipelined; a
+  // SET the server refuses still costs the GET-MANY's wait).
+  virtual Result<std::vector<std::vector<std::uint8_t>>> setAndGetMany(const std::string& key,
+                                                                       std::span<const std::uint8_t> value,
+                                                                       const std::vector<std::string>& keys,
+                                                                       TimePoint deadline);
   // Adds delta to the integer counter at key (missing: 0) and returns the new value.
   virtual Result<std::int64_t> add(const std::string& key, std::int64_t delta) = 0;
   // True when every key exists; never blocks.
@@ -327,6 +333,9 @@ class TcpStore final : public Store {
   Status wait(const std::vector<std::string>& keys, TimePoint deadline) override;
   Result<std::vector<std::vector<std::uint8_t>>> getMany(const std::vector<std::string>& keys,
                                                          TimePoint deadline) override;
+  Result<std::vector<std::vector<std::uint8_t>>> setAndGetMany(const std::string& key, std::span<const std::uint8_t> value,
+                                                               const std::vector<std::string>& keys,
+                                                               TimePoint deadline) override;
   Result<std::int64_t> add(const std::string& key, std::int64_t delta) override;
   Result<bool> check(const std::vector<std::string>& keys) override;
   Result<bool> del(const std::string& key) override;
@@ -344,8 +353,15 @@ class TcpStore final : public Store {
   static Result<Dialed> dial(const std::string& hostPort, const std::string& secret, TimePoint deadline);
   // Sends the request and reads the answer; replyDeadline bounds the whole exchange.
   Result<StoreResponse> roundTrip(const StoreRequest& request, TimePoint replyDeadline);
-  // Sends and reads once; kIdleClose answers come back as they are. `mu_` held.
-  Result<StoreResponse> exchange(std::span<const std::uint8_t> frame, StoreOp op, TimePoint replyDeadline);
+  // Sends every request at once and reads the answers, in order (the server takes a
+  // connection's requests one at a time): one round trip for all of them.
+  Result<std::vector<StoreResponse>> roundTrips(std::span<const StoreRequest> requests, TimePoint replyDeadline);
+  // Sends the frames and reads one answer per request, up to a kIdleClose (returned as it
+  // is, last). `mu_` held.
+  Result<std::vector<StoreResponse>> exchange(std::span<const std::uint8_t> frames, std::span<const StoreRequest> requests,
+                                              TimePoint replyDeadline);
+  // A GET-MANY's answer: its values, or its error.
+  Result<std::vector<std::vector<std::uint8_t>>> valuesOf(StoreResponse response, std::size_t keys) const;
   // Whether the server said it closed this connection (a kIdleClose waiting to be read);
   // an error when the connection is gone otherwise. `mu_` held.
   Result<bool> closedForIdleness();

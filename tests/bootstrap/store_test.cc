@@ -650,6 +650,38 @@ TEST_F(TcpStoreTest, ServesEveryOpOverLoopback) {
   expectServes(*store, "after");
 }
 
+// An all-gather's two requests leave together (one round trip): the SET is in before the
+// GET-MANY waits, two clients meet, the answers are matched to their requests, and the
+// connection goes on serving in step afterwards.
+TEST_F(TcpStoreTest, SetAndGetManyPipelinesTheTwoRequestsAndAnswersEachInOrder) {
+  auto a = connectClient();
+  auto b = connectClient();
+  ASSERT_TRUE(a);
+  ASSERT_TRUE(b);
+  Result<std::vector<std::vector<std::uint8_t>>> fromA = internalError("not run");
+  std::thread other([&] { fromA = a->setAndGetMany("ag/0", bytes("zero"), {"ag/1"}, in(milliseconds(5000))); });
+  auto fromB = b->setAndGetMany("ag/1", bytes("one"), {"ag/0"}, in(milliseconds(5000)));
+  other.join();
+  ASSERT_TRUE(fromA) << fromA.status().toString();
+  ASSERT_TRUE(fromB) << fromB.status().toString();
+  ASSERT_EQ(fromA->size(), 1u);
+  ASSERT_EQ(fromB->size(), 1u);
+  EXPECT_EQ(text(fromA->front()), "one");
+  EXPECT_EQ(text(fromB->front()), "zero");
+  // Nobody else's key comes: the SET stays in, the wait times out, the stream stays in step.
+  auto alone = a->setAndGetMany("ag/2", bytes("two"), {"ag/3"}, in(milliseconds(30)));
+  EXPECT_EQ(alone.status().code(), StatusCode::kTimeout) << alone.status().toString();
+  EXPECT_EQ(text(b->get("ag/2", in(milliseconds(1000))).value()), "two");
+  expectServes(*a, "after-pipelined");
+  // The store in memory does the same, one request after the other.
+  StoreState state;
+  ASSERT_TRUE(state.set("m/1", bytes("x")));
+  auto local = state.setAndGetMany("m/0", bytes("y"), {"m/1"}, in(milliseconds(1000)));
+  ASSERT_TRUE(local) << local.status().toString();
+  EXPECT_EQ(text(local->front()), "x");
+  EXPECT_EQ(text(state.get("m/0", in(milliseconds(1000))).value()), "y");
+}
+
 TEST_F(TcpStoreTest, GetTimesOutWithTimeoutAndTheConnectionStaysUsable) {
   auto store = connectClient();
   ASSERT_TRUE(store);
