@@ -60,7 +60,9 @@ inline constexpr std::uint64_t kStoreNoTimeout = UINT64_MAX;
 //
 // kGetMany blocks like WAIT until every key exists, then answers every value in one
 // payload: per key, in the order asked, u32 valueBytes then the value (at most
-// kStoreMaxValueBytes in all): an all-gather through the store in one round trip.
+// kStoreMaxValueBytes in all). A client may send its next requests before the answers
+// come (pipelining): the server takes a connection's requests one at a time, in order, so
+// a SET followed by a GET-MANY is an all-gather through the store in one round trip.
 enum class StoreOp : std::uint8_t {
   kSet = 1,
   kGet = 2,
