@@ -22,12 +22,16 @@ struct MdCtxFree {
 };
 
 std::string shortHex(const std::int64_t* words) {
-  std::uint8_t bytes[8];
-  std::memcpy(bytes, words, sizeof(bytes));
-  return fmt::format("{:02x}", fmt::join(bytes, ""));
+  Sha256 d{};
+  std::memcpy(d.data(), words, d.size());
+  return trainer::shortHex(d);
 }
 
 }  // namespace
+
+std::string shortHex(const Sha256& digest) {
+  return fmt::format("{:02x}", fmt::join(digest.begin(), digest.begin() + 8, ""));
+}
 
 Sha256 sha256(std::initializer_list<std::span<const std::uint8_t>> parts) {
   Sha256 out{};

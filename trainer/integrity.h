@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -25,6 +26,8 @@ using Sha256 = std::array<std::uint8_t, 32>;
 
 // SHA-256 over the parts, one after the other.
 Sha256 sha256(std::initializer_list<std::span<const std::uint8_t>> parts);
+// The digest's first 8 bytes in hex (for messages).
+std::string shortHex(const Sha256& digest);
 // A data set's dimensions, classes, images and labels.
 Sha256 datasetDigest(const Dataset& d);
 

@@ -38,6 +38,11 @@ constexpr auto kSuccessorWait = std::chrono::minutes(2);
 // for its network), and how long the members give joiners to connect once admitted.
 constexpr auto kRejoinWait = std::chrono::minutes(10);
 constexpr auto kAdmitWait = std::chrono::seconds(60);
+// The state handed to ranks that need it (handState) travels in pieces of this size, each
+// passed on down the chain as soon as it arrived.
+constexpr std::size_t kStatePieceBytes = std::size_t{1} << 20;
+// The point-to-point tag of those pieces.
+constexpr std::uint32_t kStateTag = 0x57a7e;
 
 Counter& membershipChanges() {
   return MetricsRegistry::global().counter("meridian_trainer_membership_changes_total",
@@ -261,14 +266,18 @@ class Run {
   // What a rank's training state is, by checkpoint section name: parameters, the optimizer's
   // moments, DiLoCo's anchor and momentum (paramCount floats each, backend memory).
   std::vector<std::pair<const char*, float*>> stateParts() const;
-  // `source`'s state (stateParts and the optimizer's step count) sent to every rank and
-  // checked by digest; taken in where `take` (else the rank keeps its own).
-  Status adoptState(int source, bool take = true);
+  // Collective: `source`'s state (stateParts and the optimizer's step count) to the ranks in
+  // `targets` (ascending, without `source`), which take it in; the others keep their own and
+  // only learn the outcome. Point to point along a chain, source -> targets[0] -> targets[1]
+  // ..., each piece passed on as it arrives: one copy per hop, so the joiners of one region
+  // take one copy over the WAN between them, and ranks that keep their state take none.
+  // Each target checks the SHA-256 the source appended; every rank learns whether all did.
+  Status handState(int source, const std::vector<int>& targets);
+  // handState's part on the source and the target at `index` of `targets`.
+  Status passStateOn(int source, const std::vector<int>& targets, std::ptrdiff_t index);
   // `parts` (paramCount floats each, backend memory) from `source` to every rank of `comm`
-  // through a host copy, taken in where `take`; what was sent is appended to `*sent` when
-  // given (for a digest).
-  Status broadcastParts(Communicator& comm, const std::vector<float*>& parts, int source, bool take,
-                        std::vector<std::uint8_t>* sent);
+  // through a host copy, taken in by every rank.
+  Status broadcastParts(Communicator& comm, const std::vector<float*>& parts, int source);
   // Runs `op`, a collective at a boundary (an evaluation, a checkpoint, the joiners' check)
   // at `position`. True when a lost rank cut it: it is not run again, and every survivor goes
   // on from `*agreed` (recover).
@@ -277,8 +286,9 @@ class Run {
   // follow it.
   Status bindTo(std::unique_ptr<Communicator> next);
   // After a membership change (on every member and joiner): every rank learns rank 0's
-  // step and checks it decoded the same data; the joiners take rank 0's state.
-  Status welcome(std::int64_t* step, bool joining);
+  // step and checks it decoded the same data; the joiners take rank 0's state. `joiners`:
+  // how many joined, on the members (a joiner passes 0 and learns it from rank 0).
+  Status welcome(std::int64_t* step, int joiners);
   // Members, at a step boundary: admits the ranks waiting to join and lets go of the ones
   // asking to leave (ctx.leaveRequested), if any; `*left` turns true on a rank that left.
   Status changeMembership(std::int64_t* step, bool* left);
@@ -431,22 +441,16 @@ Status Run::syncOuter() {
   if (!relayOuter_) return Status();
   // Uneven regions: every rank of this region takes the outer step's result from its first
   // rank (that one's cross-region sync covered every region), bit for bit.
-  return broadcastParts(*regionComm_, {model_->params(), outerSync_->anchor(), outerSync_->velocity()}, 0,
-                        /*take=*/true, nullptr);
+  return broadcastParts(*regionComm_, {model_->params(), outerSync_->anchor(), outerSync_->velocity()}, 0);
 }
 
-Status Run::broadcastParts(Communicator& comm, const std::vector<float*>& parts, int source, bool take,
-                           std::vector<std::uint8_t>* sent) {
+Status Run::broadcastParts(Communicator& comm, const std::vector<float*>& parts, int source) {
   const std::size_t n = model_->paramCount();
   std::vector<float> host(n);
   for (float* part : parts) {
     backend_.copyToHost(host.data(), part, n * sizeof(float));
     MERIDIAN_RETURN_IF_ERROR(comm.broadcast(host.data(), host.data(), n, kernels::DataType::kF32, source));
-    if (take) backend_.copyToDevice(part, host.data(), n * sizeof(float));
-    if (sent != nullptr) {
-      const auto* bytes = reinterpret_cast<const std::uint8_t*>(host.data());
-      sent->insert(sent->end(), bytes, bytes + n * sizeof(float));
-    }
+    backend_.copyToDevice(part, host.data(), n * sizeof(float));
   }
   return Status();
 }
@@ -593,16 +597,18 @@ Result<std::int64_t> Run::recover(const Status& failure, std::int64_t position, 
     }
     MERIDIAN_RETURN_IF_ERROR(bindTo(std::move(next).value()));
     // Every survivor holds its last whole step; the one furthest ahead (the lowest rank of
-    // them) hands its state to the others.
+    // them) hands its state to the ones behind.
     Result<std::vector<std::int64_t>> steps = gatherFromEveryRank(sync_, position);
     Status st = steps.status();
     std::int64_t agreed = position;
     if (st.isOk()) {
       const auto ahead = std::max_element(steps->begin(), steps->end());
       agreed = *ahead;
-      if (std::any_of(steps->begin(), steps->end(), [&](std::int64_t v) { return v != agreed; })) {
-        st = adoptState(static_cast<int>(ahead - steps->begin()));
+      std::vector<int> behind;
+      for (std::size_t r = 0; r < steps->size(); ++r) {
+        if ((*steps)[r] != agreed) behind.push_back(static_cast<int>(r));
       }
+      st = handState(static_cast<int>(ahead - steps->begin()), behind);
     }
     if (!st.isOk()) {
       last = st;
@@ -634,16 +640,23 @@ Result<std::int64_t> Run::rejoin(const Status& why) {
   if (!joined.isOk()) return commError("{}; and could not join again: {}", why.toString(), joined.status().toString());
   MERIDIAN_RETURN_IF_ERROR(bindTo(std::move(joined).value()));
   std::int64_t step = 0;
-  MERIDIAN_RETURN_IF_ERROR(welcome(&step, /*joining=*/true));
+  MERIDIAN_RETURN_IF_ERROR(welcome(&step, /*joiners=*/0));
   return 2 * step;  // the members admit ranks at a boundary
 }
 
-Status Run::welcome(std::int64_t* step, bool joining) {
-  MERIDIAN_RETURN_IF_ERROR(comm_->broadcast(step, step, 1, kernels::DataType::kI64, 0));
+Status Run::welcome(std::int64_t* step, int joiners) {
+  // Rank 0's step and how many joined (the last ranks); a joiner learns both here.
+  std::int64_t header[2] = {*step, joiners};
+  MERIDIAN_RETURN_IF_ERROR(comm_->broadcast(header, header, 2, kernels::DataType::kI64, 0));
+  *step = header[0];
+  if (header[1] < 0 || header[1] >= world_)
+    return internalError("rank 0 says {} of {} ranks joined", header[1], world_);
   MERIDIAN_RETURN_IF_ERROR(checkSameOnEveryRank(sync_, dataDigest_, "data (after ranks joined)"));
   // The members keep their own state (DiLoCo's and hybrid's inner optimizers differ between
   // ranks); the joiners take rank 0's.
-  return adoptState(0, joining);
+  std::vector<int> joined;
+  for (int r = world_ - static_cast<int>(header[1]); r < world_; ++r) joined.push_back(r);
+  return handState(0, joined);
 }
 
 Status Run::changeMembership(std::int64_t* step, bool* left) {
@@ -674,28 +687,98 @@ Status Run::changeMembership(std::int64_t* step, bool* left) {
               before - static_cast<int>(asked.leaving.size()) + asked.joiners);
     return Status();
   }
+  const auto built = Clock::now();
   MERIDIAN_RETURN_IF_ERROR(bindTo(std::move(next).value()));
-  MERIDIAN_RETURN_IF_ERROR(welcome(step, /*joining=*/false));
+  const auto bound = Clock::now();
+  MERIDIAN_RETURN_IF_ERROR(welcome(step, asked.joiners));
+  const auto welcomed = Clock::now();
   std::vector<int> gone;
   for (int r : asked.leaving) gone.push_back(jobRanksBefore[static_cast<std::size_t>(r)]);
+  const auto sec = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+  // Where the members' time went: the new communicator, the ones made from it (hybrid's
+  // splits), the welcome (step, data check, the joiners' state).
+  MLOG_INFO(kTrainer, "membership changed at step {}: communicator {:.3f} s, bound {:.3f} s, welcome {:.3f} s",
+            *step, sec(start, built), sec(built, bound), sec(bound, welcomed));
   log(fmt::format("membership: {} -> {} ranks (job ranks {}); {} joined{}, at step {}, state handed over in {:.2f} s",
-                  before, world_, fmt::join(comm_->jobRanks(), ","), world_ - before + static_cast<int>(gone.size()),
+                  before, world_, fmt::join(comm_->jobRanks(), ","), asked.joiners,
                   gone.empty() ? std::string() : fmt::format(", job rank(s) {} left as asked", fmt::join(gone, ",")),
-                  *step, secondsSince(start)));
+                  *step, sec(start, welcomed)));
   return Status();
 }
 
-Status Run::adoptState(int source, bool take) {
-  std::vector<float*> parts;
-  for (const auto& [name, part] : stateParts()) parts.push_back(part);
-  std::vector<std::uint8_t> all;  // what the digest covers: what `source` sent
-  MERIDIAN_RETURN_IF_ERROR(broadcastParts(*comm_, parts, source, take, &all));
-  std::int64_t optSteps = opt_->steps();
-  MERIDIAN_RETURN_IF_ERROR(comm_->broadcast(&optSteps, &optSteps, 1, kernels::DataType::kI64, source));
-  if (take) opt_->setSteps(optSteps);
+Status Run::handState(int source, const std::vector<int>& targets) {
+  if (targets.empty()) return Status();
+  const auto at = std::find(targets.begin(), targets.end(), rank_);
+  const bool sending = rank_ == source;
+  Status mine;
+  if (sending || at != targets.end()) mine = passStateOn(source, targets, at - targets.begin());
+  MERIDIAN_RETURN_IF_ERROR(agreeOnFailure(mine, fmt::format("did not take rank {}'s state bit-exact", source)));
   backend_.synchronize();
-  // Bit-exact on every rank, or nobody goes on.
-  return checkSameOnEveryRank(sync_, sha256({all}), "the state handed over after a membership change");
+  return Status();
+}
+
+Status Run::passStateOn(int source, const std::vector<int>& targets, std::ptrdiff_t index) {
+  const std::size_t n = model_->paramCount();
+  const std::vector<std::pair<const char*, float*>> parts = stateParts();
+  const std::size_t stateBytes = parts.size() * n * sizeof(float);
+  // The parts one after the other, the optimizer's step count, the SHA-256 of all that.
+  std::vector<std::uint8_t> payload(stateBytes + sizeof(std::int64_t) + sizeof(Sha256));
+  const bool sending = rank_ == source;
+  if (sending) {
+    std::size_t off = 0;
+    for (const auto& [name, part] : parts) {
+      backend_.copyToHost(payload.data() + off, part, n * sizeof(float));
+      off += n * sizeof(float);
+    }
+    const std::int64_t optSteps = opt_->steps();
+    std::memcpy(payload.data() + off, &optSteps, sizeof(optSteps));
+    const Sha256 digest = sha256({std::span<const std::uint8_t>(payload.data(), stateBytes + sizeof(optSteps))});
+    std::memcpy(payload.data() + stateBytes + sizeof(optSteps), digest.data(), digest.size());
+  }
+  const int from = sending ? -1 : index == 0 ? source : targets[static_cast<std::size_t>(index - 1)];
+  const int to = sending ? targets.front()
+                 : static_cast<std::size_t>(index + 1) < targets.size() ? targets[static_cast<std::size_t>(index + 1)]
+                                                                         : -1;
+  // Pieces of whole 4-byte words (every section is), sent as kI32 (no arithmetic on them).
+  const std::size_t pieces = (payload.size() + kStatePieceBytes - 1) / kStatePieceBytes;
+  auto piece = [&](std::size_t i) {
+    const std::size_t off = i * kStatePieceBytes;
+    return std::make_pair(payload.data() + off, std::min(kStatePieceBytes, payload.size() - off) / 4);
+  };
+  std::vector<Communicator::WorkPtr> received, sent;
+  if (from >= 0) {
+    for (std::size_t i = 0; i < pieces; ++i) {
+      const auto [data, words] = piece(i);
+      received.push_back(comm_->recvAsync(data, words, kernels::DataType::kI32, from, kStateTag));
+    }
+  }
+  Status st;
+  for (std::size_t i = 0; i < pieces && st.isOk(); ++i) {
+    if (from >= 0) st = received[i]->wait();
+    const auto [data, words] = piece(i);
+    if (st.isOk() && to >= 0) sent.push_back(comm_->sendAsync(data, words, kernels::DataType::kI32, to, kStateTag));
+  }
+  for (const Communicator::WorkPtr& w : sent) {
+    const Status s = w->wait();
+    if (st.isOk()) st = s;
+  }
+  MERIDIAN_RETURN_IF_ERROR(st);
+  if (sending) return Status();
+  Sha256 claimed;
+  std::memcpy(claimed.data(), payload.data() + stateBytes + sizeof(std::int64_t), claimed.size());
+  const Sha256 got = sha256({std::span<const std::uint8_t>(payload.data(), stateBytes + sizeof(std::int64_t))});
+  if (got != claimed)
+    return invalidArgument("the state from rank {} arrived with SHA-256 {}..., sent as {}...", source, shortHex(got),
+                           shortHex(claimed));
+  std::size_t off = 0;
+  for (const auto& [name, part] : parts) {
+    backend_.copyToDevice(part, payload.data() + off, n * sizeof(float));
+    off += n * sizeof(float);
+  }
+  std::int64_t optSteps = 0;
+  std::memcpy(&optSteps, payload.data() + off, sizeof(optSteps));
+  opt_->setSteps(optSteps);
+  return Status();
 }
 
 Result<bool> Run::atBoundary(const std::function<Status()>& op, std::int64_t position, std::int64_t* agreed) {
@@ -916,7 +999,7 @@ Result<TrainSummary> Run::go() {
   if (ctx_.joined) {
     // The members are in their welcome at a step boundary: the step and the state come from
     // rank 0.
-    MERIDIAN_RETURN_IF_ERROR(welcome(&step, /*joining=*/true));
+    MERIDIAN_RETURN_IF_ERROR(welcome(&step, /*joiners=*/0));
     log(fmt::format("joined at step {} as rank {} of {}", step, rank_, world_));
   }
   // The one-rank baseline: rank 0 alone on the machine while the others wait.
