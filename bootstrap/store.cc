@@ -656,8 +656,12 @@ Result<StoreResponse> TcpStore::roundTrip(const StoreRequest& request, TimePoint
 Result<std::vector<StoreResponse>> TcpStore::roundTrips(std::span<const StoreRequest> requests, TimePoint replyDeadline) {
   std::vector<std::uint8_t> frames;
   for (const StoreRequest& request : requests) {
-    MERIDIAN_ASSIGN_OR_RETURN(const std::vector<std::uint8_t> frame, encodeStoreRequest(request));
-    frames.insert(frames.end(), frame.begin(), frame.end());
+    MERIDIAN_ASSIGN_OR_RETURN(std::vector<std::uint8_t> frame, encodeStoreRequest(request));
+    if (frames.empty()) {
+      frames = std::move(frame);  // one request (most calls): its frame as it is
+    } else {
+      frames.insert(frames.end(), frame.begin(), frame.end());
+    }
   }
   std::lock_guard lock(mu_);
   if (!broken_.isOk()) return broken_;

@@ -339,11 +339,6 @@ void StoreServer::Loop::acceptAll() {
     auto c = std::make_unique<Conn>();
     c->fd.reset(fd);
     c->peer = tcp::peerAddress(fd);
-    // Answers go out as they are ready: with Nagle's algorithm a pipelined GET-MANY's answer
-    // waited for the client's delayed acknowledgement of the SET's (about 40 ms each).
-    if (Status st = tcp::setIntOption(fd, IPPROTO_TCP, TCP_NODELAY, 1, "TCP_NODELAY"); !st.isOk()) {
-      MLOG_LIMITED(refusedLog_, kCollectives, warn, "store: client {}: {}", c->peer, st.toString());
-    }
     const auto admitted = pending_.admit(fd, ntohl(addr.sin_addr.s_addr), Clock::now());
     if (auto victim = conns_.find(admitted.evictedFd); victim != conns_.end()) {
       MLOG_LIMITED(evictedLog_, kCollectives, warn,

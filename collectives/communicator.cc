@@ -794,8 +794,6 @@ void Communicator::abandonPeers(const std::vector<int>& peers, const Status& why
   }
 }
 
-void Communicator::abandonPeers(const std::vector<int>& peers) { abandonPeers(peers, Status::ok()); }
-
 std::vector<int> Communicator::everyRank() const {
   std::vector<int> all(static_cast<std::size_t>(size_));
   std::iota(all.begin(), all.end(), 0);
@@ -1126,7 +1124,7 @@ Result<std::unique_ptr<Communicator>> Communicator::join(const std::string& stor
   return next;
 }
 
-Result<Communicator::MembershipRequests> Communicator::membershipRequests(bool leave) {
+Result<Communicator::MembershipRequests> Communicator::membershipRequests(bool leave, BuildState build) {
   std::int64_t pending = 0;
   if (rank_ == 0 && jobStore_ != nullptr) {
     auto count = jobStore_->add(std::string(kJoinCount), 0);
@@ -1138,21 +1136,46 @@ Result<Communicator::MembershipRequests> Communicator::membershipRequests(bool l
                 (count.isOk() ? done.status() : count.status()).toString());
     }
   }
-  // One word per member: bit 0 asks to leave, the rest (rank 0's) counts the joiners.
+  // One word per member: bit 0 asks to leave, bits 1-2 the build state, the rest (rank 0's)
+  // counts the joiners.
   std::vector<std::int64_t> words(static_cast<std::size_t>(size_));
-  const std::int64_t mine = (std::min<std::int64_t>(pending, bootstrap::membership::kMaxRanks) << 1) | (leave ? 1 : 0);
+  const std::int64_t mine = (std::min<std::int64_t>(pending, bootstrap::membership::kMaxRanks) << 3) |
+                            (static_cast<std::int64_t>(build) << 1) | (leave ? 1 : 0);
   if (size_ > 1) MERIDIAN_RETURN_IF_ERROR(allgather(&mine, words.data(), 1, DataType::kI64));
   else words[0] = mine;
   MembershipRequests r;
-  r.joiners = static_cast<int>(words[0] >> 1);
+  r.joiners = static_cast<int>(words[0] >> 3);
+  r.builtEverywhere = true;
   for (int m = 0; m < size_; ++m) {
-    if ((words[static_cast<std::size_t>(m)] & 1) != 0) r.leaving.push_back(m);
+    const std::int64_t w = words[static_cast<std::size_t>(m)];
+    if ((w & 1) != 0) r.leaving.push_back(m);
+    const auto state = static_cast<BuildState>((w >> 1) & 3);
+    r.builtEverywhere = r.builtEverywhere && state == BuildState::kBuilt;
+    r.buildFailed = r.buildFailed || state == BuildState::kFailed;
   }
   return r;
 }
 
-Result<std::unique_ptr<Communicator>> Communicator::changeMembership(const MembershipRequests& requests,
-                                                                    TimePoint deadline) {
+Communicator::MembershipChange::~MembershipChange() = default;
+
+Result<std::unique_ptr<Communicator>> Communicator::MembershipChange::build(TimePoint deadline) {
+  if (rank_ < 0) return std::unique_ptr<Communicator>();
+  return buildThrough(std::make_unique<Owned>(), store_, rank_, static_cast<int>(jobRanks_.size()), options_,
+                      Lineage{epoch_, jobRanks_}, deadline, jobStore_);
+}
+
+void Communicator::MembershipChange::cancel() {
+  std::unique_ptr<bootstrap::StoreServer> stopping;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping = std::move(server_);
+  }
+  // Its destructor answers the parked requests with an error and closes every connection.
+  if (stopping) MLOG_INFO(kCollectives, "membership epoch {}: the change was dropped, its set-up store stops", epoch_);
+}
+
+Result<std::unique_ptr<Communicator::MembershipChange>> Communicator::planMembershipChange(
+    const MembershipRequests& requests) {
   if (requests.leaving.size() >= static_cast<std::size_t>(size_)) {
     return invalidArgument("every member asks to leave: nobody to hand over to");
   }
@@ -1160,15 +1183,16 @@ Result<std::unique_ptr<Communicator>> Communicator::changeMembership(const Membe
   for (int r = 0; r < size_; ++r) {
     if (!std::binary_search(requests.leaving.begin(), requests.leaving.end(), r)) staying.push_back(r);
   }
-  const bool leave = std::find(staying.begin(), staying.end(), rank_) == staying.end();
   // Rank 0 decides who is in and where the new communicator is set up (it hosts the set-up
-  // store and stays until every member built it, also when it leaves); the others learn it
-  // in two broadcasts (the length, then the plan).
+  // store and keeps it until every member built it, also when it leaves); the others learn
+  // it in two broadcasts (the length, then the plan).
+  auto change = std::unique_ptr<MembershipChange>(new MembershipChange());
   Admission plan;
-  auto owned = std::make_unique<Owned>();
   std::string text;
   if (rank_ == 0) {
-    auto address = hostSetUpStore(*owned);
+    Owned host;
+    auto address = hostSetUpStore(host);
+    change->server_ = std::move(host.server);
     const bool joins = requests.joiners > 0 && jobStore_ != nullptr;
     auto count = joins ? jobStore_->add(std::string(kJoinCount), 0) : Result<std::int64_t>(0);
     auto done = joins ? jobStore_->add(std::string(kJoinDone), 0) : Result<std::int64_t>(0);
@@ -1215,31 +1239,44 @@ Result<std::unique_ptr<Communicator>> Communicator::changeMembership(const Membe
   MERIDIAN_ASSIGN_OR_RETURN(plan, parseAdmission(std::span<const std::uint8_t>(
                                       reinterpret_cast<const std::uint8_t*>(words.data()), static_cast<std::size_t>(length)),
                                   /*minRanks=*/1));
+  const auto at = std::find(staying.begin(), staying.end(), rank_);
+  change->store_ = plan.store;
+  change->epoch_ = plan.epoch;
+  change->jobRanks_ = plan.jobRanks;
+  change->rank_ = at == staying.end() ? -1 : static_cast<int>(at - staying.begin());
+  change->joiners_ = static_cast<int>(plan.jobRanks.size() - staying.size());
+  change->leaving_ = static_cast<int>(requests.leaving.size());
+  change->options_ = options_;
+  change->jobStore_ = jobStore_;
+  return change;
+}
+
+void Communicator::handOver(MembershipChange& change, Communicator& next) {
+  std::scoped_lock lock(mu_, next.mu_, change.mu_);  // store() reads owned_
+  next.owned_->previous = std::move(owned_);
+  if (change.server_) next.owned_->server = std::move(change.server_);
+}
+
+Result<std::unique_ptr<Communicator>> Communicator::changeMembership(const MembershipRequests& requests,
+                                                                    TimePoint deadline) {
+  MERIDIAN_ASSIGN_OR_RETURN(std::unique_ptr<MembershipChange> change, planMembershipChange(requests));
   // Every staying member builds the new communicator; all of them go over to it, or none does.
-  const int newRank = static_cast<int>(std::find(staying.begin(), staying.end(), rank_) - staying.begin());
-  Result<std::unique_ptr<Communicator>> next = std::unique_ptr<Communicator>();
-  if (!leave) {
-    next = buildThrough(std::move(owned), plan.store, newRank, static_cast<int>(plan.jobRanks.size()), options_,
-                        Lineage{plan.epoch, plan.jobRanks}, deadline, jobStore_);
-  }
+  Result<std::unique_ptr<Communicator>> next = change->build(deadline);
   std::int64_t built = next.isOk() ? 1 : 0;
   MERIDIAN_RETURN_IF_ERROR(allreduce(&built, &built, 1, DataType::kI64, ReduceOp::kMin));
   if (built == 0) {
     return next.isOk() ? againStatus("another member could not build the new communicator")
                        : next.status().withContext("changing the membership");
   }
-  if (leave) {
-    MLOG_INFO(kCollectives, "left the job: membership epoch {} {{{}}} goes on without this rank", plan.epoch,
-              fmt::join(plan.jobRanks, ","));
+  if (next.value() == nullptr) {
+    MLOG_INFO(kCollectives, "left the job: membership epoch {} {{{}}} goes on without this rank", change->epoch_,
+              fmt::join(change->jobRanks_, ","));
     return std::unique_ptr<Communicator>();
   }
   std::unique_ptr<Communicator> grown = std::move(next).value();
-  {
-    std::lock_guard<std::mutex> lock(mu_);  // store() reads owned_
-    grown->owned_->previous = std::move(owned_);
-  }
-  MLOG_INFO(kCollectives, "membership epoch {} {{{}}}: {} rank(s) joined, {} left", plan.epoch,
-            fmt::join(plan.jobRanks, ","), plan.jobRanks.size() - staying.size(), requests.leaving.size());
+  handOver(*change, *grown);
+  MLOG_INFO(kCollectives, "membership epoch {} {{{}}}: {} rank(s) joined, {} left", change->epoch_,
+            fmt::join(change->jobRanks_, ","), change->joiners_, change->leaving_);
   return grown;
 }
 

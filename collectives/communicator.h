@@ -178,11 +178,60 @@ class Communicator {
   struct MembershipRequests {
     int joiners = 0;
     std::vector<int> leaving;  // ranks of this communicator, ascending
+    // With a change under way (planMembershipChange): every member has built its new
+    // communicator; some member could not.
+    bool builtEverywhere = false;
+    bool buildFailed = false;
     bool any() const { return joiners > 0 || !leaving.empty(); }
   };
-  // Collective over the members: every member says whether it asks to leave, rank 0 how
-  // many processes wait to join (0 when this communicator has no job store).
-  Result<MembershipRequests> membershipRequests(bool leave);
+  // Where this rank's build of a planned change stands (membershipRequests passes it on).
+  enum class BuildState : std::uint8_t { kNone, kBuilding, kBuilt, kFailed };
+  // Collective over the members: every member says whether it asks to leave (and where its
+  // build of a planned change stands), rank 0 how many processes wait to join (0 when this
+  // communicator has no job store).
+  Result<MembershipRequests> membershipRequests(bool leave, BuildState build = BuildState::kNone);
+  // A membership change the members agreed on whose new communicator is still to be built:
+  // by build(), on any thread, while this communicator goes on (the trainer admits joiners
+  // so, without stopping). Every staying member and every joiner must build it; the members
+  // take it over together (handOver) or drop it.
+  class MembershipChange {
+   public:
+    ~MembershipChange();
+    MembershipChange(const MembershipChange&) = delete;
+    MembershipChange& operator=(const MembershipChange&) = delete;
+    // This rank's communicator of the new membership, up once every member and joiner built
+    // theirs (or `deadline`, or cancel()); null on a rank that leaves. Once.
+    Result<std::unique_ptr<Communicator>> build(TimePoint deadline);
+    // Makes every build() of this change fail soon: on the rank hosting the set-up store
+    // (this communicator's rank 0) the store stops, and the builds waiting on it fail. Any
+    // thread, also while build() runs; nothing on the other ranks (theirs fail by it).
+    void cancel();
+    int joiners() const { return joiners_; }
+    std::uint64_t epoch() const { return epoch_; }
+
+   private:
+    friend class Communicator;
+    MembershipChange() = default;
+    std::mutex mu_;
+    std::unique_ptr<bootstrap::StoreServer> server_;  // rank 0: the set-up store; guarded by mu_
+    std::string store_;                               // its address
+    std::uint64_t epoch_ = 0;
+    std::vector<int> jobRanks_;  // of the new membership
+    int rank_ = -1;              // this rank's in it; -1: leaving
+    int joiners_ = 0;
+    int leaving_ = 0;
+    CommOptions options_;
+    bootstrap::Store* jobStore_ = nullptr;
+  };
+  // The first half of changeMembership (collective over the members, the leaving ones too,
+  // after membershipRequests() asked for something): rank 0 decides who is in and hosts the
+  // set-up store; every member learns the plan. kAgain when there is nothing to change
+  // (the joiners went away, or rank 0 could not).
+  Result<std::unique_ptr<MembershipChange>> planMembershipChange(const MembershipRequests& requests);
+  // On switching to `next`, built by `change` (planned over this communicator): `next` keeps
+  // what this one kept alive for the job (the job's store and its host, the set-up store).
+  // Call before retiring this one.
+  void handOver(MembershipChange& change, Communicator& next);
   // Collective over the members (the leaving ones too), after membershipRequests() asked for
   // something, with the requests it returned: the members that stay keep their order,
   // joiners follow in the order they asked, at the next membership epoch. A staying member
@@ -311,9 +360,9 @@ class Communicator {
   void abortTransport(const Status& why, bool abandon = false);
   // The first half of that, from any thread, once.
   void stopTransport();
-  // Fails the channels to `peers` at once (lost ranks: closing must not wait on them).
-  void abandonPeers(const std::vector<int>& peers, const Status& why);
-  void abandonPeers(const std::vector<int>& peers);
+  // Fails the channels to `peers` at once (lost ranks: closing must not wait on them), with
+  // `why`, or "rank p is lost" when it is OK.
+  void abandonPeers(const std::vector<int>& peers, const Status& why = Status::ok());
   std::vector<int> everyRank() const;  // 0 .. size-1
   // Elastic: the control thread agreed on `view` (this rank in it unless `evicted`).
   void onView(const bootstrap::membership::View& view, bool evicted);

@@ -1,6 +1,8 @@
 // Connections before authentication: PendingConnections' caps, eviction and deadlines, and a
 // TCP device's data listener under a flood of idle connections; a handshake the server never
 // answers is a timeout on the client's side.
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 #include <gtest/gtest.h>
@@ -114,6 +116,23 @@ TEST(DataListenerLimitsTest, AFloodOfIdleConnectionsLeavesRoomForAChannel) {
   std::printf("[ figures  ] data port flood of %zu: RSS %.1f -> %.1f MiB, %llu log lines\n", kFlood,
               static_cast<double>(rssBefore) / (1 << 20), static_cast<double>(rssAfter) / (1 << 20),
               static_cast<unsigned long long>(logLines.lines()));
+}
+
+// Whatever a listener accepts answers without Nagle's delay (the store pipelines requests
+// and read a second answer ~40 ms late when its socket had it).
+TEST(ListenOnTest, AcceptedSocketsHaveNoDelaySet) {
+  auto listener = listenOn("127.0.0.1", 0, /*nonBlocking=*/false);
+  ASSERT_TRUE(listener) << listener.status().toString();
+  auto remote = splitHostPort(localAddress(listener->get()));
+  ASSERT_TRUE(remote) << remote.status().toString();
+  auto client = connectTo(remote.value(), "", Clock::now() + std::chrono::seconds(10));
+  ASSERT_TRUE(client) << client.status().toString();
+  UniqueFd accepted(::accept4(listener->get(), nullptr, nullptr, SOCK_CLOEXEC));
+  ASSERT_TRUE(accepted.valid()) << errno;
+  int on = 0;
+  socklen_t len = sizeof(on);
+  ASSERT_EQ(::getsockopt(accepted.get(), IPPROTO_TCP, TCP_NODELAY, &on, &len), 0);
+  EXPECT_EQ(on, 1);
 }
 
 TEST(DataListenerLimitsTest, APeerThatNeverAnswersTheHandshakeIsATimeout) {

@@ -19,7 +19,8 @@ using meridian::HostPort;
 // on garbage.
 inline Result<HostPort> parseHostPort(const std::string& text) { return splitHostPort(text); }
 
-// Listens on ip:port (port 0: the kernel picks one). Non-blocking when `nonBlocking`.
+// Listens on ip:port (port 0: the kernel picks one). Non-blocking when `nonBlocking`. Every
+// socket accepted from it has TCP_NODELAY set.
 Result<UniqueFd> listenOn(const std::string& ip, std::uint16_t port, bool nonBlocking, int backlog = 512);
 // Connects (retrying refused connections until the deadline, as peers start at
 // different times), optionally binding the local side to `localIp` first. The returned
