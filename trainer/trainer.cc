@@ -9,6 +9,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <thread>
 #include <tuple>
 #include <utility>
 
@@ -38,6 +43,8 @@ constexpr auto kSuccessorWait = std::chrono::minutes(2);
 // for its network), and how long the members give joiners to connect once admitted.
 constexpr auto kRejoinWait = std::chrono::minutes(10);
 constexpr auto kAdmitWait = std::chrono::seconds(60);
+// How often a rank asks to join again when its admission fell through.
+constexpr int kJoinAttempts = 4;
 // The state handed to ranks that need it (handState) travels in pieces of this size, each
 // passed on down the chain as soon as it arrived.
 constexpr std::size_t kStatePieceBytes = std::size_t{1} << 20;
@@ -188,6 +195,106 @@ nlohmann::json identity(const TrainConfig& cfg, int rank, int world) {
           {"inner_steps", cfg.innerSteps}};
 }
 
+// Makes threads at the nice value the run started with. The compute thread runs at a lower
+// priority (Run::lowerComputePriority); a new thread inherits its creator's, and so do the
+// threads of a communicator built on it. One thread, started with the run (before the
+// compute thread's priority drops), makes them on request and does nothing else.
+class ThreadMaker {
+ public:
+  ThreadMaker() : maker_([this] { loop(); }) {}
+  ~ThreadMaker() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    maker_.join();
+  }
+  ThreadMaker(const ThreadMaker&) = delete;
+  ThreadMaker& operator=(const ThreadMaker&) = delete;
+  // A thread running `fn` (one caller at a time: the compute thread).
+  std::thread make(std::function<void()> fn) {
+    std::unique_lock<std::mutex> lock(mu_);
+    request_ = std::move(fn);
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return made_.joinable(); });
+    return std::move(made_);
+  }
+  // Runs `fn` on such a thread and waits for it.
+  void run(std::function<void()> fn) { make(std::move(fn)).join(); }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return stop_ || request_ != nullptr; });
+      if (stop_) return;
+      made_ = std::thread(std::move(request_));
+      request_ = nullptr;
+      cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<void()> request_;  // guarded by mu_
+  std::thread made_;               // guarded by mu_
+  bool stop_ = false;              // guarded by mu_
+  std::thread maker_;              // last: starts once the rest is ready
+};
+
+// Hybrid's communicators, split from a world communicator: one per region (every step) and
+// one per local index across regions.
+struct HybridComms {
+  std::unique_ptr<Communicator> region, cross;
+  std::vector<int> regionRanks, crossRanks;  // their members' world ranks
+  std::vector<int> regionOf;                 // per world rank
+  bool relayOuter = false;                   // this region relays the outer step (uneven regions)
+};
+
+// Collective over `world`: the regions routing assigned to it, one snapshot for the grouping
+// and the names; a membership change may leave them uneven: the cross-region communicators
+// then cover the local indices every region has, and a rank past them sits out the
+// cross-region sync and takes its result from its region's first rank (relayOuter).
+Result<HybridComms> splitForHybrid(Communicator& world) {
+  const routing::RegionAssignment regions = world.regions();
+  const int size = world.size();
+  const int rank = world.rank();
+  if (regions.regionOf.size() != static_cast<std::size_t>(size)) {
+    return invalidArgument("--sync hybrid needs regions: set MERIDIAN_REGION on every rank");
+  }
+  HybridComms h;
+  h.regionOf = regions.regionOf;
+  std::vector<std::vector<int>> members(static_cast<std::size_t>(*std::max_element(h.regionOf.begin(), h.regionOf.end())) + 1);
+  for (int r = 0; r < size; ++r) members[static_cast<std::size_t>(h.regionOf[static_cast<std::size_t>(r)])].push_back(r);
+  std::size_t common = members.front().size();
+  for (const auto& m : members) common = std::min(common, m.size());
+  const int myRegion = h.regionOf[static_cast<std::size_t>(rank)];
+  const auto& mine = members[static_cast<std::size_t>(myRegion)];
+  const int localIndex = static_cast<int>(std::find(mine.begin(), mine.end(), rank) - mine.begin());
+  // Split from the world communicator: when its membership changes they stop with it.
+  MERIDIAN_ASSIGN_OR_RETURN(h.region, world.split(myRegion, "in"));  // metrics "in<rank>", "x<rank>"
+  h.regionRanks = mine;
+  const bool crosses = static_cast<std::size_t>(localIndex) < common;
+  MERIDIAN_ASSIGN_OR_RETURN(h.cross, world.split(crosses ? localIndex : -1 - rank, "x"));
+  if (crosses) {
+    for (const auto& m : members) h.crossRanks.push_back(m[static_cast<std::size_t>(localIndex)]);
+  } else {
+    h.crossRanks.push_back(rank);
+  }
+  h.relayOuter = mine.size() > common;
+  // Their per-peer series name the peers' regions, as the world communicator's do.
+  for (const auto& [comm, ranks] : {std::pair{h.region.get(), &h.regionRanks}, std::pair{h.cross.get(), &h.crossRanks}}) {
+    std::vector<std::string> memberRegions;
+    for (int r : *ranks) {
+      const auto region = static_cast<std::size_t>(h.regionOf[static_cast<std::size_t>(r)]);
+      memberRegions.push_back(region < regions.names.size() ? regions.names[region] : "");
+    }
+    comm->labelPeerMetrics(memberRegions);
+  }
+  return h;
+}
+
 class Run {
  public:
   Run(const TrainConfig& cfg, const TrainContext& ctx) : cfg_(cfg), ctx_(ctx), backend_(*ctx.backend), comm_(ctx.comm) {
@@ -202,6 +309,10 @@ class Run {
   }
   Run(const Run&) = delete;
   Run& operator=(const Run&) = delete;
+  ~Run() {
+    if (admission_) dropAdmission("the run ended");
+    for (auto& a : dropped_) a->worker.join();
+  }
   Result<TrainSummary> go();
 
  private:
@@ -249,9 +360,9 @@ class Run {
   // Survives lost ranks: the world communicator is elastic (hybrid's region and cross-region
   // communicators are split from it, and split anew after each membership change).
   bool elastic() const { return comm_ != nullptr && comm_->elastic(); }
-  // Hybrid: the region and cross-region communicators, split from the world communicator in
-  // force, and the syncs over them.
-  Status setUpHybrid();
+  // Hybrid: binds the region and cross-region communicators split from the world
+  // communicator in force, and the syncs over them.
+  Status setUpHybrid(HybridComms made);
   // The outer sync, and for a rank of a region larger than the smallest, its result from
   // the region's first rank.
   Status syncOuter();
@@ -283,15 +394,25 @@ class Run {
   // on from `*agreed` (recover).
   Result<bool> atBoundary(const std::function<Status()>& op, std::int64_t position, std::int64_t* agreed);
   // Makes `next` the world communicator (owned here): the sync modes, ranks and regions
-  // follow it.
-  Status bindTo(std::unique_ptr<Communicator> next);
-  // After a membership change (on every member and joiner): every rank learns rank 0's
-  // step and checks it decoded the same data; the joiners take rank 0's state. `joiners`:
-  // how many joined, on the members (a joiner passes 0 and learns it from rank 0).
+  // follow it; hybrid's communicators are `children` when given (split from `next`), else
+  // split here. An admission under way is dropped (it was planned over the old one).
+  Status bindTo(std::unique_ptr<Communicator> next, std::optional<HybridComms> children = std::nullopt);
+  // After a membership change (on every member and joiner, after a barrier on the new
+  // communicator: the joiners ready): every rank learns rank 0's step and checks it decoded
+  // the same data; the joiners take rank 0's state. `joiners`: how many joined, on the
+  // members (a joiner passes 0 and learns it from rank 0).
   Status welcome(std::int64_t* step, int joiners);
   // Members, at a step boundary: admits the ranks waiting to join and lets go of the ones
   // asking to leave (ctx.leaveRequested), if any; `*left` turns true on a rank that left.
+  // Joiners are admitted without stopping: the grown communicator (and hybrid's, split from
+  // it) is built on a thread while the members train on, and they switch to it at the first
+  // boundary where every member has it (admission_).
   Status changeMembership(std::int64_t* step, bool* left);
+  // The switch: the grown communicator in force, the joiners welcomed.
+  Status admit(std::int64_t* step, Clock::time_point start);
+  // Cancels the admission under way (`why` logged): every member's build fails soon; the
+  // worker is joined later (dropped_), without waiting here.
+  void dropAdmission(const std::string& why);
   // A rank the others went on without asks to join again (ctx.rejoinStore).
   Result<std::int64_t> rejoin(const Status& why);
   void log(const std::string& line) const {
@@ -323,6 +444,21 @@ class Run {
   std::vector<int> regionOf_;  // per world rank; empty when unknown
   std::vector<float> hostInput_;
   std::vector<std::int32_t> hostLabels_;
+  // An admission under way: the members' build of the grown communicator, on `worker`.
+  struct Admission {
+    std::unique_ptr<Communicator::MembershipChange> change;
+    std::thread worker;
+    std::atomic<bool> done{false};
+    // The worker's, read once done.
+    Status status;
+    std::unique_ptr<Communicator> grown;
+    std::optional<HybridComms> children;
+    Clock::time_point planned;  // when the members planned it
+    std::int64_t step = 0;      // the boundary it was planned at
+  };
+  std::unique_ptr<Admission> admission_;
+  std::vector<std::unique_ptr<Admission>> dropped_;  // cancelled; their workers end soon
+  ThreadMaker threads_;  // communicators are built on its threads
   CheckpointKey checkpointKey_{};
   std::int64_t lastCheckpointStep_ = -1;  // the newest checkpoint written or resumed from
 };
@@ -380,53 +516,21 @@ Status Run::setUpSync() {
                            "MERIDIAN_REGION on every rank (meridian-lab does; meridian-train --ranks takes --regions)",
                            world_);
   outerSync_ = std::make_unique<OuterSync>(backend_, nullptr, *model_, cfg_.outer, cfg_.wire);
-  MERIDIAN_RETURN_IF_ERROR(setUpHybrid());
+  MERIDIAN_ASSIGN_OR_RETURN(HybridComms made, splitForHybrid(*world));
+  MERIDIAN_RETURN_IF_ERROR(setUpHybrid(std::move(made)));
   log(fmt::format("hybrid: {} regions of {} ranks; gradients averaged in the region every step, models across "
                   "regions every {} steps",
                   regionCount, regionComm_->size(), cfg_.innerSteps));
   return Status();
 }
 
-Status Run::setUpHybrid() {
-  // The regions routing assigned to the world communicator in force, one snapshot for the
-  // grouping and the names; a membership change may leave them uneven: the cross-region
-  // communicators then cover the local indices every region has.
-  const routing::RegionAssignment regions = comm_->regions();
-  if (regions.regionOf.size() != static_cast<std::size_t>(world_)) {
-    return invalidArgument("--sync hybrid needs regions: set MERIDIAN_REGION on every rank");
-  }
-  regionOf_ = regions.regionOf;
-  std::vector<std::vector<int>> members(static_cast<std::size_t>(*std::max_element(regionOf_.begin(), regionOf_.end())) + 1);
-  for (int r = 0; r < world_; ++r) members[static_cast<std::size_t>(regionOf_[static_cast<std::size_t>(r)])].push_back(r);
-  std::size_t common = members.front().size();
-  for (const auto& m : members) common = std::min(common, m.size());
-  const int myRegion = regionOf_[static_cast<std::size_t>(rank_)];
-  const auto& mine = members[static_cast<std::size_t>(myRegion)];
-  const int localIndex = static_cast<int>(std::find(mine.begin(), mine.end(), rank_) - mine.begin());
-  // Split from the world communicator: when its membership changes they stop with it.
-  MERIDIAN_ASSIGN_OR_RETURN(regionComm_, comm_->split(myRegion, "in"));  // metrics "in<rank>", "x<rank>"
-  comms_.push_back(CommUse{regionComm_.get(), mine});
-  // A rank past the local indices every region has sits out the cross-region sync and takes
-  // its result from its region's first rank (relayOuter_).
-  const bool crosses = static_cast<std::size_t>(localIndex) < common;
-  MERIDIAN_ASSIGN_OR_RETURN(crossComm_, comm_->split(crosses ? localIndex : -1 - rank_, "x"));
-  std::vector<int> cross;
-  if (crosses) {
-    for (const auto& m : members) cross.push_back(m[static_cast<std::size_t>(localIndex)]);
-  } else {
-    cross.push_back(rank_);
-  }
-  comms_.push_back(CommUse{crossComm_.get(), cross});
-  relayOuter_ = mine.size() > common;
-  // Their per-peer series name the peers' regions, as the world communicator's do.
-  for (const CommUse& use : {comms_[comms_.size() - 2], comms_.back()}) {
-    std::vector<std::string> memberRegions;
-    for (int r : use.worldRanks) {
-      const auto region = static_cast<std::size_t>(regionOf_[static_cast<std::size_t>(r)]);
-      memberRegions.push_back(region < regions.names.size() ? regions.names[region] : "");
-    }
-    use.comm->labelPeerMetrics(memberRegions);
-  }
+Status Run::setUpHybrid(HybridComms made) {
+  regionOf_ = std::move(made.regionOf);
+  regionComm_ = std::move(made.region);
+  crossComm_ = std::move(made.cross);
+  comms_.push_back(CommUse{regionComm_.get(), std::move(made.regionRanks)});
+  comms_.push_back(CommUse{crossComm_.get(), std::move(made.crossRanks)});
+  relayOuter_ = made.relayOuter;
   regionSync_ = std::make_unique<MeridianSyncComm>(*regionComm_);
   crossSync_ = std::make_unique<MeridianSyncComm>(*crossComm_);
   const std::size_t bucketBytes = static_cast<std::size_t>(cfg_.bucketMb * 1024 * 1024);
@@ -544,7 +648,8 @@ Status Run::agreeOnFailure(const Status& mine, std::string_view what) {
   return Status();
 }
 
-Status Run::bindTo(std::unique_ptr<Communicator> next) {
+Status Run::bindTo(std::unique_ptr<Communicator> next, std::optional<HybridComms> children) {
+  if (admission_) dropAdmission(fmt::format("the membership changed to {} ranks meanwhile", next->size()));
   gradSync_.reset();  // its buckets were on the old communicator
   // Hybrid: the old communicator's children go first (they stopped with it).
   if (outerSync_) outerSync_->rebind(nullptr);
@@ -578,7 +683,13 @@ Status Run::bindTo(std::unique_ptr<Communicator> next) {
     MERIDIAN_ASSIGN_OR_RETURN(gradSync_, GradientSync::create(backend_, sync_, *model_, bucketBytes, cfg_.wire));
   }
   if (cfg_.sync == SyncMode::kHybrid) {
-    return setUpHybrid();
+    if (!children) {
+      Result<HybridComms> made = invalidArgument("not split");
+      threads_.run([&] { made = splitForHybrid(*comm_); });
+      MERIDIAN_RETURN_IF_ERROR(made.status());
+      children = std::move(made).value();
+    }
+    return setUpHybrid(std::move(*children));
   }
   return Status();
 }
@@ -634,14 +745,24 @@ Result<std::int64_t> Run::recover(const Status& failure, std::int64_t position, 
 Result<std::int64_t> Run::rejoin(const Status& why) {
   if (ctx_.rejoinStore.empty()) return why;
   const int jobRank = comm_->jobRanks()[static_cast<std::size_t>(comm_->rank())];
-  MLOG_WARN(kTrainer, "job rank {} asks to join the job again ({}): {}", jobRank, ctx_.rejoinStore, why.message());
-  worldSizeGauge().set(0);
-  auto joined = Communicator::join(ctx_.rejoinStore, jobRank, ctx_.commOptions, Clock::now() + kRejoinWait);
-  if (!joined.isOk()) return commError("{}; and could not join again: {}", why.toString(), joined.status().toString());
-  MERIDIAN_RETURN_IF_ERROR(bindTo(std::move(joined).value()));
-  std::int64_t step = 0;
-  MERIDIAN_RETURN_IF_ERROR(welcome(&step, /*joiners=*/0));
-  return 2 * step;  // the members admit ranks at a boundary
+  const auto deadline = Clock::now() + kRejoinWait;
+  Status last = why;
+  // The members may drop an admission (one of them was lost meanwhile): this rank's grown
+  // communicator then breaks before the welcome, and it asks again.
+  for (int attempt = 0; attempt < kJoinAttempts; ++attempt) {
+    MLOG_WARN(kTrainer, "job rank {} asks to join the job again ({}): {}", jobRank, ctx_.rejoinStore, last.message());
+    worldSizeGauge().set(0);
+    Result<std::unique_ptr<Communicator>> joined = std::unique_ptr<Communicator>();
+    threads_.run([&] { joined = Communicator::join(ctx_.rejoinStore, jobRank, ctx_.commOptions, deadline); });
+    if (!joined.isOk()) return commError("{}; and could not join again: {}", last.toString(), joined.status().toString());
+    MERIDIAN_RETURN_IF_ERROR(bindTo(std::move(joined).value()));
+    std::int64_t step = 0;
+    last = comm_->barrier();  // ready: the members take it as built
+    if (last.isOk()) last = welcome(&step, /*joiners=*/0);
+    if (last.isOk()) return 2 * step;  // the members admit ranks at a boundary
+    if (last.code() == StatusCode::kInvalidArgument) return last;  // not the network's doing
+  }
+  return last;
 }
 
 Status Run::welcome(std::int64_t* step, int joiners) {
@@ -662,7 +783,24 @@ Status Run::welcome(std::int64_t* step, int joiners) {
 Status Run::changeMembership(std::int64_t* step, bool* left) {
   const auto start = Clock::now();
   const bool leave = ctx_.leaveRequested != nullptr && ctx_.leaveRequested->load();
-  MERIDIAN_ASSIGN_OR_RETURN(const Communicator::MembershipRequests asked, comm_->membershipRequests(leave));
+  using BuildState = Communicator::BuildState;
+  BuildState building = BuildState::kNone;
+  if (admission_) {
+    building = !admission_->done.load(std::memory_order_acquire) ? BuildState::kBuilding
+               : admission_->status.isOk()                       ? BuildState::kBuilt
+                                                                 : BuildState::kFailed;
+  }
+  MERIDIAN_ASSIGN_OR_RETURN(const Communicator::MembershipRequests asked, comm_->membershipRequests(leave, building));
+  if (admission_) {
+    // Every member decides alike, from what all of them said: switch, drop, or go on (a
+    // request to leave waits until the admission is over).
+    if (asked.buildFailed) {
+      dropAdmission(building == BuildState::kFailed ? admission_->status.toString()
+                                                    : std::string("another member could not build it"));
+      return Status();
+    }
+    return asked.builtEverywhere ? admit(step, start) : Status();
+  }
   if (!asked.any()) return Status();
   if (asked.leaving.size() == static_cast<std::size_t>(world_)) {
     return commError("stopped at step {}: every rank was asked to leave (SIGTERM), so there is nobody to hand over "
@@ -671,9 +809,48 @@ Status Run::changeMembership(std::int64_t* step, bool* left) {
                                                                    lastCheckpointStep_, cfg_.checkpointDir)
                                                      : std::string());
   }
+  if (asked.leaving.empty()) {
+    // Joiners only: planned now (two broadcasts), built while the members train on.
+    auto change = comm_->planMembershipChange(asked);
+    if (!change.isOk()) {
+      if (change.status().code() != StatusCode::kAgain)
+        MLOG_WARN(kTrainer, "could not admit the {} rank(s) waiting to join: {}", asked.joiners,
+                  change.status().toString());
+      return Status();  // the members go on as they were
+    }
+    auto a = std::make_unique<Admission>();
+    a->change = std::move(change).value();
+    a->planned = start;
+    a->step = *step;
+    Admission* raw = a.get();
+    const bool hybrid = cfg_.sync == SyncMode::kHybrid;
+    a->worker = threads_.make([raw, hybrid] {
+      auto grown = raw->change->build(Clock::now() + kAdmitWait);
+      if (grown.isOk() && hybrid) {
+        auto children = splitForHybrid(**grown);
+        if (children.isOk()) raw->children = std::move(children).value();
+        else grown = children.status();
+      }
+      // Until the joiners are ready to take the state (data loaded, model made): the members
+      // train on meanwhile, and the switch costs them the hand-over alone.
+      if (grown.isOk()) {
+        if (Status ready = (*grown)->barrier(); !ready.isOk()) grown = ready;
+      }
+      if (grown.isOk()) raw->grown = std::move(grown).value();
+      else raw->status = grown.status();
+      raw->done.store(true, std::memory_order_release);
+    });
+    MLOG_INFO(kTrainer, "admitting {} rank(s) at step {} (membership epoch {}): the members train on while the grown "
+              "communicator is built",
+              a->change->joiners(), *step, a->change->epoch());
+    admission_ = std::move(a);
+    return Status();
+  }
+  // Ranks leave (drain) at this boundary, joiners with them: all at once.
   const int before = world_;
   const std::vector<int> jobRanksBefore = comm_->jobRanks();
-  auto next = comm_->changeMembership(asked, Clock::now() + kAdmitWait);
+  Result<std::unique_ptr<Communicator>> next = std::unique_ptr<Communicator>();
+  threads_.run([&] { next = comm_->changeMembership(asked, Clock::now() + kAdmitWait); });
   if (!next.isOk()) {
     MLOG_WARN(kTrainer, "could not change the membership ({} waiting to join, {} asking to leave): {}", asked.joiners,
               asked.leaving.size(), next.status().toString());
@@ -687,23 +864,51 @@ Status Run::changeMembership(std::int64_t* step, bool* left) {
               before - static_cast<int>(asked.leaving.size()) + asked.joiners);
     return Status();
   }
-  const auto built = Clock::now();
   MERIDIAN_RETURN_IF_ERROR(bindTo(std::move(next).value()));
-  const auto bound = Clock::now();
+  MERIDIAN_RETURN_IF_ERROR(comm_->barrier());  // the joiners are ready
   MERIDIAN_RETURN_IF_ERROR(welcome(step, asked.joiners));
-  const auto welcomed = Clock::now();
   std::vector<int> gone;
   for (int r : asked.leaving) gone.push_back(jobRanksBefore[static_cast<std::size_t>(r)]);
-  const auto sec = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
-  // Where the members' time went: the new communicator, the ones made from it (hybrid's
-  // splits), the welcome (step, data check, the joiners' state).
-  MLOG_INFO(kTrainer, "membership changed at step {}: communicator {:.3f} s, bound {:.3f} s, welcome {:.3f} s",
-            *step, sec(start, built), sec(built, bound), sec(bound, welcomed));
-  log(fmt::format("membership: {} -> {} ranks (job ranks {}); {} joined{}, at step {}, state handed over in {:.2f} s",
-                  before, world_, fmt::join(comm_->jobRanks(), ","), asked.joiners,
-                  gone.empty() ? std::string() : fmt::format(", job rank(s) {} left as asked", fmt::join(gone, ",")),
-                  *step, sec(start, welcomed)));
+  log(fmt::format("membership: {} -> {} ranks (job ranks {}); {} joined, job rank(s) {} left as asked, at step {}, "
+                  "state handed over in {:.2f} s",
+                  before, world_, fmt::join(comm_->jobRanks(), ","), asked.joiners, fmt::join(gone, ","), *step,
+                  secondsSince(start)));
   return Status();
+}
+
+Status Run::admit(std::int64_t* step, Clock::time_point start) {
+  std::unique_ptr<Admission> a = std::move(admission_);
+  a->worker.join();  // done: it only ends
+  const int before = world_;
+  const int joiners = a->change->joiners();
+  std::unique_ptr<Communicator> grown = std::move(a->grown);
+  comm_->handOver(*a->change, *grown);
+  MERIDIAN_RETURN_IF_ERROR(bindTo(std::move(grown), std::move(a->children)));
+  const auto bound = Clock::now();
+  MERIDIAN_RETURN_IF_ERROR(welcome(step, joiners));
+  const double stopped = secondsSince(start);
+  MLOG_INFO(kTrainer, "membership changed at step {}: planned at step {}, built in the background over {:.3f} s; "
+            "the members stopped {:.3f} s (switch {:.3f} s, welcome {:.3f} s)",
+            *step, a->step, std::chrono::duration<double>(start - a->planned).count(), stopped,
+            std::chrono::duration<double>(bound - start).count(), secondsSince(bound));
+  log(fmt::format("membership: {} -> {} ranks (job ranks {}); {} joined, at step {} (asked at step {}), the members "
+                  "stopped {:.2f} s to hand the state over",
+                  before, world_, fmt::join(comm_->jobRanks(), ","), joiners, *step, a->step, stopped));
+  return Status();
+}
+
+void Run::dropAdmission(const std::string& why) {
+  std::unique_ptr<Admission> a = std::move(admission_);
+  MLOG_WARN(kTrainer, "dropped the admission of {} rank(s) planned at step {} (membership epoch {}): {}",
+            a->change->joiners(), a->step, a->change->epoch(), why);
+  a->change->cancel();
+  dropped_.push_back(std::move(a));
+  // Those whose workers ended go now; the others when theirs do (later, or at the end).
+  std::erase_if(dropped_, [](std::unique_ptr<Admission>& d) {
+    if (!d->done.load(std::memory_order_acquire)) return false;
+    d->worker.join();
+    return true;
+  });
 }
 
 Status Run::handState(int source, const std::vector<int>& targets) {
@@ -997,9 +1202,15 @@ Result<TrainSummary> Run::go() {
   sum.computeNice = nice_;
   worldSizes_.assign(1, world_);
   if (ctx_.joined) {
-    // The members are in their welcome at a step boundary: the step and the state come from
-    // rank 0.
-    MERIDIAN_RETURN_IF_ERROR(welcome(&step, /*joiners=*/0));
+    // The members switch at a step boundary once every joiner passed this barrier; the step
+    // and the state come from rank 0.
+    Status st = comm_->barrier();  // ready: the members take it as built
+    if (st.isOk()) st = welcome(&step, /*joiners=*/0);
+    if (!st.isOk()) {
+      if (st.code() == StatusCode::kInvalidArgument) return st;
+      MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t position, rejoin(st));
+      step = position / 2;
+    }
     log(fmt::format("joined at step {} as rank {} of {}", step, rank_, world_));
   }
   // The one-rank baseline: rank 0 alone on the machine while the others wait.

@@ -294,6 +294,11 @@ TEST(CollectivesProcessTest, ARankKilledMidAllreduceOverTcpTheSurvivorsGoOn) {
 TEST(CollectivesProcessTest, ARankKilledThenAJoinerTakesItsPlaceAndAllFourGoOn) {
   runWorld(4, {"MERIDIAN_TEST_SHRINK=2", "MERIDIAN_TEST_REJOIN=1", "MERIDIAN_ELASTIC=on"}, {2});
 }
+// Grow without stopping: the members build the communicator with a joiner on threads of
+// their own while their allreduces go on, then switch to it together (worker_main.cc).
+TEST(CollectivesProcessTest, MembersBuildTheGrownCommunicatorAsideWhileTheirAllreducesGoOn) {
+  runWorld(3, {"MERIDIAN_TEST_GROW_ASIDE=1", "MERIDIAN_ELASTIC=on"});
+}
 // Drain: a rank asks to leave; it goes once the others are over on a communicator without
 // it, and nobody's op fails (worker_main.cc checks every result).
 TEST(CollectivesProcessTest, ARankAsksToLeaveAndGoesWithoutAnyoneSeeingAnError) {

@@ -3,7 +3,9 @@
 // checks and exits 0 when all passed, 1 on a failed check, 2 when set-up failed, and
 // kExitStorePortTaken when rank 0 could not bind the store port (the test retries).
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -67,6 +69,18 @@ std::vector<std::string> checkOtherCollectives(Communicator& c) {
 // MERIDIAN_TEST_SHRINK with MERIDIAN_TEST_REJOIN=1) that joins the job as job rank j, learns
 // the iteration the members are at, and runs the rest of their allreduces with them.
 int joinerMain(int jobRank);
+// Starts this program again as a joiner (joinerMain) asking for job rank `jobRank`; -1 when
+// it could not.
+pid_t spawnJoiner(int jobRank) {
+  const std::string env = fmt::format("MERIDIAN_TEST_JOINER={}", jobRank);
+  std::vector<char*> envp;
+  envp.push_back(const_cast<char*>(env.c_str()));
+  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+  envp.push_back(nullptr);
+  char* argv[] = {const_cast<char*>("/proc/self/exe"), nullptr};
+  pid_t pid = -1;
+  return posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()) == 0 ? pid : -1;
+}
 
 int main() {
   using namespace meridian;
@@ -96,6 +110,99 @@ int main() {
     }
     std::fprintf(stderr, "rank %d: 1000 allreduces and rank %s never died\n", c.rank(), victim);
     return 1;
+  }
+  // MERIDIAN_TEST_GROW_ASIDE=1 (with MERIDIAN_ELASTIC=on): rank 0 starts a joiner (job rank
+  // n). The members plan its admission, build the grown communicator on a thread of their
+  // own and go on with checked allreduces on the old one meanwhile; they switch once every
+  // member has it (membershipRequests says so), and all n + 1 run 10 more and the other
+  // collectives.
+  if (std::getenv("MERIDIAN_TEST_GROW_ASIDE") != nullptr) {
+    using BuildState = collectives::Communicator::BuildState;
+    std::unique_ptr<collectives::Communicator> owner = std::move(comm).value();
+    const pid_t joiner = owner->rank() == 0 ? spawnJoiner(n) : 0;
+    if (joiner < 0) return 1;
+    std::vector<float> buf(256 * 1024);  // as joinerMain's
+    std::unique_ptr<collectives::Communicator::MembershipChange> change;
+    std::thread builder;
+    std::atomic<bool> built{false};
+    Result<std::unique_ptr<collectives::Communicator>> grown = std::unique_ptr<collectives::Communicator>();
+    int aside = 0;  // allreduces on the old communicator while the grown one was built
+    int end = INT32_MAX;
+    const auto giveUp = Clock::now() + std::chrono::seconds(60);
+    for (int iter = 0; iter < end; ++iter) {
+      const BuildState state = !change         ? BuildState::kNone
+                               : !built.load() ? BuildState::kBuilding
+                               : grown.isOk()  ? BuildState::kBuilt
+                                               : BuildState::kFailed;
+      // Asked until the switch (the joiner's protocol has allreduces only).
+      auto asked = end == INT32_MAX ? owner->membershipRequests(false, state)
+                                    : Result<collectives::Communicator::MembershipRequests>(
+                                          collectives::Communicator::MembershipRequests{});
+      if (!asked.isOk()) {
+        std::fprintf(stderr, "rank %d: membershipRequests: %s\n", owner->rank(), asked.status().toString().c_str());
+        if (builder.joinable()) builder.join();
+        return 1;
+      }
+      if (change && asked->buildFailed) {
+        builder.join();
+        std::fprintf(stderr, "rank %d: a build failed: %s\n", owner->rank(), grown.status().toString().c_str());
+        return 1;
+      }
+      if (change && asked->builtEverywhere) {
+        builder.join();
+        owner->handOver(*change, *grown.value());
+        owner->retire();
+        owner = std::move(grown).value();
+        change.reset();
+        std::int64_t at = iter;  // the joiner's protocol: where the members are
+        if (!owner->broadcast(&at, &at, 1, DataType::kI64, 0).isOk()) return 1;
+        end = iter + 10;
+      } else if (!change && end == INT32_MAX && asked->joiners > 0) {
+        auto planned = owner->planMembershipChange(*asked);
+        if (!planned.isOk()) {
+          std::fprintf(stderr, "rank %d: planning: %s\n", owner->rank(), planned.status().toString().c_str());
+          return 1;
+        }
+        change = std::move(planned).value();
+        builder = std::thread([&] {
+          grown = change->build(Clock::now() + std::chrono::seconds(30));
+          built.store(true);
+        });
+      } else if (end == INT32_MAX && Clock::now() > giveUp) {
+        std::fprintf(stderr, "rank %d: no joiner admitted within 60 s\n", owner->rank());
+        if (builder.joinable()) builder.join();
+        return 1;
+      }
+      fillShare(buf, *owner, iter);
+      if (Status st = owner->allreduce(buf.data(), buf.data(), buf.size(), DataType::kF32, ReduceOp::kSum); !st.isOk()) {
+        std::fprintf(stderr, "rank %d: allreduce %d: %s\n", owner->rank(), iter, st.toString().c_str());
+        if (builder.joinable()) builder.join();
+        return 1;
+      }
+      if (const std::string e = expectShareSum(buf, *owner, iter); !e.empty()) {
+        std::fprintf(stderr, "rank %d (of %d): %s\n", owner->rank(), owner->size(), e.c_str());
+        if (builder.joinable()) builder.join();
+        return 1;
+      }
+      if (change) ++aside;
+    }
+    std::vector<int> all(static_cast<std::size_t>(n) + 1);
+    for (int r = 0; r <= n; ++r) all[static_cast<std::size_t>(r)] = r;
+    std::vector<std::string> failures = checkOtherCollectives(*owner);
+    if (owner->jobRanks() != all || owner->membership().epoch != 1u || aside < 1) {
+      failures.push_back(fmt::format("job ranks {} at epoch {}, {} allreduces while building",
+                                     fmt::join(owner->jobRanks(), ","), owner->membership().epoch, aside));
+    }
+    if (joiner > 0) {
+      int status = 0;
+      if (::waitpid(joiner, &status, 0) != joiner || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        failures.push_back(fmt::format("the joiner ended with status {}", status));
+      }
+    }
+    std::fprintf(stderr, "rank %d: %d checked allreduces on the old communicator while the grown one was built\n",
+                 owner->rank(), aside);
+    for (const auto& f : failures) std::fprintf(stderr, "rank %d: %s\n", owner->rank(), f.c_str());
+    return failures.empty() ? 0 : 1;
   }
   // MERIDIAN_TEST_DRAIN=v (with MERIDIAN_ELASTIC=on): checked allreduces; every iteration the
   // members ask membershipRequests(), rank v asking to leave from the fifth on. It leaves
@@ -259,13 +366,8 @@ int main() {
     for (int iter = 0; iter < end; ++iter) {
       if (rejoin && shrunkAt >= 0 && !grown && iter >= shrunkAt + 5) {
         if (owner->rank() == 0 && joiner < 0) {
-          const std::string env = fmt::format("MERIDIAN_TEST_JOINER={}", victim);
-          std::vector<char*> envp;
-          envp.push_back(const_cast<char*>(env.c_str()));
-          for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
-          envp.push_back(nullptr);
-          char* argv[] = {const_cast<char*>("/proc/self/exe"), nullptr};
-          if (posix_spawn(&joiner, "/proc/self/exe", nullptr, nullptr, argv, envp.data()) != 0) return 1;
+          joiner = spawnJoiner(victim);
+          if (joiner < 0) return 1;
         }
         auto pending = owner->membershipRequests(false);
         if (!pending.isOk()) return 1;

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iterator>
 #include <sstream>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -218,6 +219,12 @@ TEST_P(ElasticTrainTest, ARankKilledMidRunTheOthersFinishTheRun) {
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << text;
   EXPECT_NE(text.find("membership: 4 -> 3 ranks (job ranks 0,1,3)"), std::string::npos) << text;
   EXPECT_NE(text.find("membership: 3 -> 4 ranks (job ranks 0,1,3,2); 1 joined"), std::string::npos) << text;
+  // Admitted without stopping the members: they asked at one boundary and trained on while
+  // the grown communicator was built; the joiner came in at a later one.
+  std::smatch admitted;
+  ASSERT_TRUE(std::regex_search(text, admitted, std::regex(R"(1 joined, at step (\d+) \(asked at step (\d+)\), the members stopped ([0-9.]+) s)")))
+      << text;
+  EXPECT_GT(std::stoll(admitted[1]), std::stoll(admitted[2])) << text;
   std::ifstream a(dir_ + "/straight.json"), b(json);
   auto ja = nlohmann::json::parse(a, nullptr, false);
   auto jb = nlohmann::json::parse(b, nullptr, false);
@@ -232,9 +239,10 @@ TEST_P(ElasticTrainTest, ARankKilledMidRunTheOthersFinishTheRun) {
   // the same samples and steps: 86.32% on 1 rank, 86.22% on 2, 86.82% on 4).
   EXPECT_NEAR(jb["test_accuracy"].get<double>(), ja["test_accuracy"].get<double>(), 0.01) << text;
   std::printf("[ figures  ] %s: test accuracy %.2f%% undisturbed, %.2f%% with rank 2 killed and back; %.3f s recovering; "
-              "wall %.2f s vs %.2f s\n",
+              "joiner asked at step %s, in at step %s, the members stopped %s s for it; wall %.2f s vs %.2f s\n",
               GetParam(), 100 * ja["test_accuracy"].get<double>(), 100 * jb["test_accuracy"].get<double>(),
-              jb["recovery_s"].get<double>(), ja["wall_s"].get<double>(), jb["wall_s"].get<double>());
+              jb["recovery_s"].get<double>(), admitted[2].str().c_str(), admitted[1].str().c_str(),
+              admitted[3].str().c_str(), ja["wall_s"].get<double>(), jb["wall_s"].get<double>());
 }
 // Hybrid: regions a {0, 1} and b {2, 3}; without rank 2 they are uneven (rank 3 sits out the
 // cross-region sync and takes its result from its region's first rank).
