@@ -121,7 +121,8 @@ availability = 1 - lost / wall if wall > 0 else 0
 recover = [float(m.group(1)) for t, text in lines
            for m in [re.search(r"; ([0-9.]+) s to recover, going on from step", text)] if m]
 admit = [float(m.group(1)) for t, text in lines
-         for m in [re.search(r"joined(?:, [^;]*?)?, at step \d+, state handed over in ([0-9.]+) s", text)] if m]
+         for m in [re.search(r"joined(?:, [^;]*?)?, at step \d+(?: \(asked at step \d+\))?, "
+                             r"(?:state handed over in|the members stopped) ([0-9.]+) s", text)] if m]
 ok = runStatus == "0"
 j = json.load(open(f"{tmp}/chaos.json")) if ok else {}
 s = json.load(open(f"{tmp}/straight.json"))
@@ -146,7 +147,7 @@ if recover:
     print(f"| recovery per loss (cut step to agreed state) | median {statistics.median(recover):.2f} s, "
           f"max {max(recover):.2f} s over {len(recover)} |")
 if admit:
-    print(f"| admitting a joiner (state handed over) | median {statistics.median(admit):.2f} s, max {max(admit):.2f} s "
+    print(f"| admitting a joiner (the members' stop: switch and state hand-over) | median {statistics.median(admit):.2f} s, max {max(admit):.2f} s "
           f"over {len(admit)} |")
 print(f"| samples lost | 0 by design: the cut step is redone with the whole global batch |")
 print(f"| test accuracy, chaos vs undisturbed | {100 * j.get('test_accuracy', 0):.2f}% vs {100 * s['test_accuracy']:.2f}% |")

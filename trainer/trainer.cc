@@ -377,13 +377,14 @@ class Run {
   // What a rank's training state is, by checkpoint section name: parameters, the optimizer's
   // moments, DiLoCo's anchor and momentum (paramCount floats each, backend memory).
   std::vector<std::pair<const char*, float*>> stateParts() const;
-  // Collective: `source`'s state (stateParts and the optimizer's step count) to the ranks in
-  // `targets` (ascending, without `source`), which take it in; the others keep their own and
-  // only learn the outcome. Point to point along a chain, source -> targets[0] -> targets[1]
-  // ..., each piece passed on as it arrives: one copy per hop, so the joiners of one region
-  // take one copy over the WAN between them, and ranks that keep their state take none.
-  // Each target checks the SHA-256 the source appended; every rank learns whether all did.
-  Status handState(int source, const std::vector<int>& targets);
+  // `source`'s state (stateParts and the optimizer's step count) to the ranks in `targets`
+  // (ascending, without `source`), which take it in; the others keep their own. Point to
+  // point along a chain, source -> targets[0] -> targets[1] ..., each piece passed on as it
+  // arrives: one copy per hop, so the joiners of one region take one copy over the WAN
+  // between them, and ranks that keep their state take none. Each target checks the SHA-256
+  // the source appended. `agree`: a collective, after which every rank knows whether all
+  // targets took it (else only a target that could not fails).
+  Status handState(int source, const std::vector<int>& targets, bool agree);
   // handState's part on the source and the target at `index` of `targets`.
   Status passStateOn(int source, const std::vector<int>& targets, std::ptrdiff_t index);
   // `parts` (paramCount floats each, backend memory) from `source` to every rank of `comm`
@@ -719,7 +720,7 @@ Result<std::int64_t> Run::recover(const Status& failure, std::int64_t position, 
       for (std::size_t r = 0; r < steps->size(); ++r) {
         if ((*steps)[r] != agreed) behind.push_back(static_cast<int>(r));
       }
-      st = handState(static_cast<int>(ahead - steps->begin()), behind);
+      st = handState(static_cast<int>(ahead - steps->begin()), behind, /*agree=*/true);
     }
     if (!st.isOk()) {
       last = st;
@@ -766,18 +767,31 @@ Result<std::int64_t> Run::rejoin(const Status& why) {
 }
 
 Status Run::welcome(std::int64_t* step, int joiners) {
-  // Rank 0's step and how many joined (the last ranks); a joiner learns both here.
-  std::int64_t header[2] = {*step, joiners};
-  MERIDIAN_RETURN_IF_ERROR(comm_->broadcast(header, header, 2, kernels::DataType::kI64, 0));
+  // Rank 0's step, how many joined (the last ranks) and the digest of its data, in one
+  // broadcast; a joiner learns them here and checks its own data against rank 0's (the
+  // members checked theirs when they started).
+  constexpr std::size_t kDigestWords = sizeof(Sha256) / sizeof(std::int64_t);
+  std::int64_t header[2 + kDigestWords] = {*step, joiners};
+  std::memcpy(header + 2, dataDigest_.data(), sizeof(Sha256));
+  MERIDIAN_RETURN_IF_ERROR(comm_->broadcast(header, header, 2 + kDigestWords, kernels::DataType::kI64, 0));
   *step = header[0];
   if (header[1] < 0 || header[1] >= world_)
     return internalError("rank 0 says {} of {} ranks joined", header[1], world_);
-  MERIDIAN_RETURN_IF_ERROR(checkSameOnEveryRank(sync_, dataDigest_, "data (after ranks joined)"));
+  const bool joining = rank_ >= world_ - header[1];
+  Sha256 theirs;
+  std::memcpy(theirs.data(), header + 2, sizeof(Sha256));
+  if (joining && theirs != dataDigest_) {
+    // This rank alone stops; the members lose it like any rank and go on.
+    return invalidArgument("this rank decoded different data than rank 0 (SHA-256 {}... here, {}... on rank 0): it "
+                           "does not join",
+                           shortHex(dataDigest_), shortHex(theirs));
+  }
   // The members keep their own state (DiLoCo's and hybrid's inner optimizers differ between
-  // ranks); the joiners take rank 0's.
+  // ranks); the joiners take rank 0's, each checking it, and a joiner that could not stops
+  // alone (nobody waits on an agreement across the WAN for it).
   std::vector<int> joined;
   for (int r = world_ - static_cast<int>(header[1]); r < world_; ++r) joined.push_back(r);
-  return handState(0, joined);
+  return handState(0, joined, /*agree=*/false);
 }
 
 Status Run::changeMembership(std::int64_t* step, bool* left) {
@@ -911,15 +925,15 @@ void Run::dropAdmission(const std::string& why) {
   });
 }
 
-Status Run::handState(int source, const std::vector<int>& targets) {
+Status Run::handState(int source, const std::vector<int>& targets, bool agree) {
   if (targets.empty()) return Status();
   const auto at = std::find(targets.begin(), targets.end(), rank_);
   const bool sending = rank_ == source;
   Status mine;
   if (sending || at != targets.end()) mine = passStateOn(source, targets, at - targets.begin());
-  MERIDIAN_RETURN_IF_ERROR(agreeOnFailure(mine, fmt::format("did not take rank {}'s state bit-exact", source)));
   backend_.synchronize();
-  return Status();
+  if (!agree) return mine;
+  return agreeOnFailure(mine, fmt::format("did not take rank {}'s state bit-exact", source));
 }
 
 Status Run::passStateOn(int source, const std::vector<int>& targets, std::ptrdiff_t index) {
