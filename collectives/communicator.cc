@@ -786,6 +786,14 @@ void Communicator::retire() {
   stopTransport();
 }
 
+void Communicator::abandon(const Status& why) {
+  markBroken(commError("given up by this rank: {}", why.toString()), /*replace=*/false, /*planned=*/true);
+  stopChildren(commError("its parent communicator was given up: {}", why.toString()), /*planned=*/true);
+  if (control_) control_->quiesce();  // what this rank's own failures look like is no news
+  abandonPeers(everyRank(), why);
+  stopTransport();
+}
+
 void Communicator::abandonPeers(const std::vector<int>& peers, const Status& why) {
   std::lock_guard<std::mutex> once(transportMu_);
   if (transportStopped_ || !device_) return;

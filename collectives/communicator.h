@@ -253,6 +253,11 @@ class Communicator {
   // has no op in flight here: this communicator stops (its peers see it leave, not fail),
   // and later ops fail saying so. Idempotent.
   void retire();
+  // This rank gives up on the communicator (it stops with an error of its own): every
+  // channel fails at once, so the others declare it lost and go on without it, rather than
+  // take its closing for a rank that left on purpose (which changes no membership). Any
+  // thread, once; then destroy it.
+  void abandon(const Status& why);
   // Every rank's latest row of the link-state table (empty rows without routing).
   routing::LinkStateTable linkState() const;
   // Regions as routing sees them (named, or inferred from RTTs).

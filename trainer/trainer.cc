@@ -314,6 +314,11 @@ class Run {
     for (auto& a : dropped_) a->worker.join();
   }
   Result<TrainSummary> go();
+  // After go() failed on this rank: an elastic world communicator is given up (the others
+  // lose this rank and go on without it, instead of waiting on a rank that only closed).
+  void giveUp(const Status& why) {
+    if (elastic()) comm_->abandon(why);
+  }
 
  private:
   Status setUpSync();
@@ -1545,7 +1550,9 @@ Result<TrainSummary> train(const TrainConfig& config, const TrainContext& ctx) {
   if (ctx.backend == nullptr) return invalidArgument("train: no backend");
   try {
     Run run(config, ctx);
-    return run.go();
+    Result<TrainSummary> done = run.go();
+    if (!done.isOk()) run.giveUp(done.status());
+    return done;
   } catch (const std::bad_alloc&) {
     return invalidArgument("out of memory on the {} backend (model {}, batch {})",
                            ctx.backend->device() == kernels::Device::kCpu ? "cpu" : "cuda",

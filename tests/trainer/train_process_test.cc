@@ -67,6 +67,38 @@ class TrainProcessTest : public ::testing::Test {
     return p != nullptr ? p->data : std::vector<std::uint8_t>{};
   }
 
+  // Runs `cmd` in the background, its output to `out`.
+  static pid_t startShell(const std::string& cmd, const std::string& out) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::execl("/bin/sh", "sh", "-c", ("exec " + cmd + " >" + out + " 2>&1").c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    return pid;
+  }
+  static std::string readAll(const std::string& path) {
+    std::ifstream f(path);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  }
+  // The rank process of launcher `pid` that has MERIDIAN_RANK=`rank` (-1 if none); its
+  // MERIDIAN_STORE, MERIDIAN_SECRET and MERIDIAN_REGION, quoted for a shell, into `*joinEnv`
+  // (what a joiner for its job rank needs).
+  static pid_t rankProcess(pid_t pid, int rank, std::string* joinEnv = nullptr) {
+    std::ifstream children("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
+    for (pid_t c; children >> c;) {
+      const std::string all = readAll("/proc/" + std::to_string(c) + "/environ");
+      if (all.find("MERIDIAN_RANK=" + std::to_string(rank) + '\0') == std::string::npos) continue;
+      std::istringstream vars(all);
+      for (std::string v; joinEnv != nullptr && std::getline(vars, v, '\0');) {
+        if (v.rfind("MERIDIAN_STORE=", 0) == 0 || v.rfind("MERIDIAN_SECRET=", 0) == 0 ||
+            v.rfind("MERIDIAN_REGION=", 0) == 0)
+          *joinEnv += "'" + v + "' ";
+      }
+      return c;
+    }
+    return -1;
+  }
+
   std::string dir_;
 };
 
@@ -173,39 +205,14 @@ TEST_P(ElasticTrainTest, ARankKilledMidRunTheOthersFinishTheRun) {
 
   const std::string out = dir_ + "/elastic.out";
   const std::string json = dir_ + "/elastic.json";
-  const std::string cmd = std::string(MERIDIAN_TRAIN_BIN) + " --log-every 10 " + common + " --json " + json;
-  pid_t pid = ::fork();
+  const pid_t pid = startShell(std::string(MERIDIAN_TRAIN_BIN) + " --log-every 10 " + common + " --json " + json, out);
   ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    ::execl("/bin/sh", "sh", "-c", ("exec " + cmd + " >" + out + " 2>&1").c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
   // Rank 2 dies once rank 0 has said step 300 (while all are training).
-  pid_t victim = -1;
-  std::string joinEnv;  // the victim's MERIDIAN_STORE and MERIDIAN_SECRET, for the joiner
-  auto findVictim = [&] {
-    std::ifstream children("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
-    for (pid_t c; children >> c;) {
-      std::ifstream env("/proc/" + std::to_string(c) + "/environ");
-      std::string all((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
-      if (all.find(std::string("MERIDIAN_RANK=2") + '\0') == std::string::npos) continue;
-      victim = c;
-      std::istringstream vars(all);
-      for (std::string v; std::getline(vars, v, '\0');) {
-        if (v.rfind("MERIDIAN_STORE=", 0) == 0 || v.rfind("MERIDIAN_SECRET=", 0) == 0 ||
-            v.rfind("MERIDIAN_REGION=", 0) == 0)
-          joinEnv += "'" + v + "' ";
-      }
-    }
-  };
   const bool reached = pollUntil(
-      [&] {
-        std::ifstream f(out);
-        std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-        return text.find("step    300/") != std::string::npos || processEnded(pid);
-      },
+      [&] { return readAll(out).find("step    300/") != std::string::npos || processEnded(pid); },
       std::chrono::seconds(120), std::chrono::milliseconds(2));
-  findVictim();
+  std::string joinEnv;  // the victim's MERIDIAN_STORE and MERIDIAN_SECRET, for the joiner
+  const pid_t victim = rankProcess(pid, 2, &joinEnv);
   ASSERT_TRUE(reached && victim > 0 && !processEnded(pid)) << "the run ended before a rank could be killed";
   ::kill(victim, SIGKILL);
   auto joiner = runShell("env " + joinEnv + "MERIDIAN_RANK=2 MERIDIAN_METRICS_ADDR=0 " + std::string(MERIDIAN_TRAIN_BIN) +
@@ -214,8 +221,7 @@ TEST_P(ElasticTrainTest, ARankKilledMidRunTheOthersFinishTheRun) {
   int status = 0;
   ASSERT_TRUE(pollUntil([&] { return ::waitpid(pid, &status, WNOHANG) == pid; }, std::chrono::seconds(180)))
       << "the survivors did not finish";
-  std::ifstream o(out);
-  const std::string text((std::istreambuf_iterator<char>(o)), std::istreambuf_iterator<char>());
+  const std::string text = readAll(out);
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << text;
   EXPECT_NE(text.find("membership: 4 -> 3 ranks (job ranks 0,1,3)"), std::string::npos) << text;
   EXPECT_NE(text.find("membership: 3 -> 4 ranks (job ranks 0,1,3,2); 1 joined"), std::string::npos) << text;
@@ -250,33 +256,56 @@ INSTANTIATE_TEST_SUITE_P(SyncModes, ElasticTrainTest,
                          ::testing::Values("--sync ddp", "--sync diloco -H 20", "--sync hybrid -H 20 --regions a,a,b,b"),
                          [](const auto& p) { return std::string(p.index == 0 ? "Ddp" : p.index == 1 ? "Diloco" : "Hybrid"); });
 
+// A joiner that decoded other data than the members (here the synthetic set, not
+// Fashion-MNIST) learns it from rank 0's digest in the welcome and stops alone with a line
+// saying so; the members lose it like any rank and finish the run.
+TEST_F(TrainProcessTest, AJoinerWithOtherDataStopsAloneAndTheMembersFinish) {
+  if (!fs::exists(kFashionMnistDir)) {
+    GTEST_SKIP() << kFashionMnistDir << " is missing: apt-get install dataset-fashion-mnist";
+  }
+  const std::string out = dir_ + "/members.out";
+  const std::string json = dir_ + "/members.json";
+  const pid_t pid = startShell(fmt::format("{} --ranks 4 --data-dir {} --model 784-32-10 --batch 64 --max-steps 1500 "
+                                           "--eval-every 100000 --log-every 10 --json {}",
+                                           MERIDIAN_TRAIN_BIN, kFashionMnistDir, json),
+                               out);
+  ASSERT_GE(pid, 0);
+  const bool reached = pollUntil([&] { return readAll(out).find("step    200/") != std::string::npos || processEnded(pid); },
+                                 std::chrono::seconds(120), std::chrono::milliseconds(2));
+  std::string joinEnv;
+  const pid_t victim = rankProcess(pid, 2, &joinEnv);
+  ASSERT_TRUE(reached && victim > 0 && !processEnded(pid)) << "the run ended before a rank could be killed";
+  ::kill(victim, SIGKILL);
+  auto joiner = runShell("env " + joinEnv + "MERIDIAN_RANK=2 MERIDIAN_METRICS_ADDR=0 " + std::string(MERIDIAN_TRAIN_BIN) +
+                         " --join --quiet --data-dir " + dir_ + "/data --model 784-32-10 --batch 64 --max-steps 1500");
+  EXPECT_NE(joiner.code, 0) << joiner.output;
+  EXPECT_NE(joiner.output.find("decoded different data than rank 0"), std::string::npos) << joiner.output;
+  int status = 0;
+  ASSERT_TRUE(pollUntil([&] { return ::waitpid(pid, &status, WNOHANG) == pid; }, std::chrono::seconds(180)))
+      << "the members did not finish";
+  const std::string text = readAll(out);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << text;
+  std::ifstream f(json);
+  auto j = nlohmann::json::parse(f, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << text;
+  EXPECT_EQ(j["final_step"], 1500);
+  EXPECT_EQ(j["world_sizes"], nlohmann::json::array({4, 3, 4, 3})) << text;
+}
+
 // Drain (hot migration): rank 1 gets SIGTERM mid-run. It finishes its step, leaves at the next
 // membership boundary and exits 0; the others go on on 3 ranks and nobody logs an error.
 TEST_F(TrainProcessTest, ARankSentSigtermLeavesAtTheNextBoundaryAndNobodySeesAnError) {
   const std::string out = dir_ + "/drain.out";
   const std::string json = dir_ + "/drain.json";
-  const std::string cmd = std::string(MERIDIAN_TRAIN_BIN) + " --ranks 4 --regions a,a,b,b --sync hybrid -H 10 --data-dir " +
-                          dir_ + "/data --model 784-32-10 --batch 64 --max-steps 600 --eval-every 100000 --log-every 10 "
-                          "--json " + json;
-  pid_t pid = ::fork();
+  const pid_t pid = startShell(std::string(MERIDIAN_TRAIN_BIN) + " --ranks 4 --regions a,a,b,b --sync hybrid -H 10 "
+                               "--data-dir " + dir_ + "/data --model 784-32-10 --batch 64 --max-steps 600 "
+                               "--eval-every 100000 --log-every 10 --json " + json,
+                               out);
   ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    ::execl("/bin/sh", "sh", "-c", ("exec " + cmd + " >" + out + " 2>&1").c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  auto text = [&] {
-    std::ifstream f(out);
-    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  };
+  auto text = [&] { return readAll(out); };
   const bool reached = pollUntil([&] { return text().find("step    100/") != std::string::npos || processEnded(pid); },
                                  std::chrono::seconds(120), std::chrono::milliseconds(2));
-  pid_t leaver = -1;
-  std::ifstream children("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
-  for (pid_t c; children >> c;) {
-    std::ifstream env("/proc/" + std::to_string(c) + "/environ");
-    std::string all((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
-    if (all.find(std::string("MERIDIAN_RANK=1") + '\0') != std::string::npos) leaver = c;
-  }
+  const pid_t leaver = rankProcess(pid, 1);
   ASSERT_TRUE(reached && leaver > 0 && !processEnded(pid)) << "the run ended before a rank could be drained";
   ::kill(leaver, SIGTERM);
   int status = 0;
