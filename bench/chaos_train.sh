@@ -17,7 +17,11 @@
 # A calibration run without faults first measures the steps that fill DURATION; its accuracy
 # is the undisturbed reference. Writes bench/results/chaos-training.md.
 #
-# Usage: [DURATION=300] [INTERVAL=30] [DELAY=5] [LOG_EVERY=10] [SEED=1] bench/chaos_train.sh [BUILD_DIR]
+# Each gap counted is put down to the last fault event (kill or join) before it: what losses
+# cost and what joins cost, apart.
+# KEEP=DIR keeps the run's logs (chaos.log, faults.log, joiner-N.log) in DIR.
+#
+# Usage: [DURATION=300] [INTERVAL=30] [DELAY=5] [LOG_EVERY=10] [SEED=1] [KEEP=DIR] bench/chaos_train.sh [BUILD_DIR]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
@@ -38,6 +42,7 @@ tmp=$(mktemp -d)
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  if [ -n "${KEEP:-}" ]; then mkdir -p "$KEEP" && cp -r "$tmp"/. "$KEEP"/; fi
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -117,6 +122,17 @@ gaps = [b - a for a, b in zip(progress, progress[1:])]
 wall = progress[-1] - progress[0] if len(progress) > 1 else 0
 median = statistics.median(gaps) if gaps else 0
 lost = sum(g - median for g in gaps if g > 3 * median)
+# Each counted gap (its end) put down to the last fault event before it.
+events = []
+for l in open(f"{tmp}/faults.log") if faults != "0" else []:
+    t, text = l.split(" ", 1)
+    events.append((float(t), "kill" if "killed" in text else "join"))
+lostAfter = {"kill": 0.0, "join": 0.0, "none": 0.0}
+for a, b in zip(progress, progress[1:]):
+    if b - a <= 3 * median:
+        continue
+    before = [kind for t, kind in events if t <= b]
+    lostAfter[before[-1] if before else "none"] += b - a - median
 availability = 1 - lost / wall if wall > 0 else 0
 recover = [float(m.group(1)) for t, text in lines
            for m in [re.search(r"; ([0-9.]+) s to recover, going on from step", text)] if m]
@@ -143,6 +159,8 @@ print(f"| membership | {' -> '.join(str(x) for x in j.get('world_sizes', []))} |
 print(f"| wall time, chaos vs undisturbed | {j.get('wall_s', 0):.1f} s vs {s['wall_s']:.1f} s |")
 print(f"| availability (progress share of wall time) | {100 * availability:.2f}% ({lost:.1f} s without progress "
       f"in {wall:.1f} s; median gap between progress lines {1e3 * median:.0f} ms) |")
+print(f"| time without progress after kills / after joins / after neither | {lostAfter['kill']:.1f} s / "
+      f"{lostAfter['join']:.1f} s / {lostAfter['none']:.1f} s |")
 if recover:
     print(f"| recovery per loss (cut step to agreed state) | median {statistics.median(recover):.2f} s, "
           f"max {max(recover):.2f} s over {len(recover)} |")
