@@ -312,6 +312,7 @@ class Run {
   ~Run() {
     if (admission_) dropAdmission("the run ended");
     for (auto& a : dropped_) a->worker.join();
+    for (auto& [reaper, done] : reapers_) reaper.join();
   }
   Result<TrainSummary> go();
   // After go() failed on this rank: an elastic world communicator is given up (the others
@@ -414,6 +415,10 @@ class Run {
   // it) is built on a thread while the members train on, and they switch to it at the first
   // boundary where every member has it (admission_).
   Status changeMembership(std::int64_t* step, bool* left);
+  // Destroys `going` (in order: children before their parent) on a thread of its own:
+  // closing a healthy channel waits for the peer to acknowledge what it was sent, a WAN
+  // round trip or more that the training need not wait for.
+  void destroyAside(std::vector<std::unique_ptr<Communicator>> going);
   // The switch: the grown communicator in force, the joiners welcomed.
   Status admit(std::int64_t* step, Clock::time_point start);
   // Cancels the admission under way (`why` logged): every member's build fails soon; the
@@ -464,6 +469,8 @@ class Run {
   };
   std::unique_ptr<Admission> admission_;
   std::vector<std::unique_ptr<Admission>> dropped_;  // cancelled; their workers end soon
+  // Threads destroying retired communicators (destroyAside), each with its end flag.
+  std::vector<std::pair<std::thread, std::shared_ptr<std::atomic<bool>>>> reapers_;
   ThreadMaker threads_;  // communicators are built on its threads
   CheckpointKey checkpointKey_{};
   std::int64_t lastCheckpointStep_ = -1;  // the newest checkpoint written or resumed from
@@ -657,12 +664,13 @@ Status Run::agreeOnFailure(const Status& mine, std::string_view what) {
 Status Run::bindTo(std::unique_ptr<Communicator> next, std::optional<HybridComms> children) {
   if (admission_) dropAdmission(fmt::format("the membership changed to {} ranks meanwhile", next->size()));
   gradSync_.reset();  // its buckets were on the old communicator
-  // Hybrid: the old communicator's children go first (they stopped with it).
+  // Hybrid: the old communicator's children go first; they stop with it (retire).
   if (outerSync_) outerSync_->rebind(nullptr);
   regionSync_.reset();
   crossSync_.reset();
-  regionComm_.reset();
-  crossComm_.reset();
+  std::vector<std::unique_ptr<Communicator>> going;
+  going.push_back(std::move(regionComm_));
+  going.push_back(std::move(crossComm_));
   Communicator* old = comm_;
   successors_.push_back(std::move(next));
   comm_ = successors_.back().get();
@@ -673,8 +681,14 @@ Status Run::bindTo(std::unique_ptr<Communicator> next, std::optional<HybridComms
   // and goes, unless the launcher owns it.
   if (old != nullptr) {
     old->retire();
-    std::erase_if(successors_, [&](const std::unique_ptr<Communicator>& c) { return c.get() == old; });
+    const auto owned = std::find_if(successors_.begin(), successors_.end(),
+                                    [&](const std::unique_ptr<Communicator>& c) { return c.get() == old; });
+    if (owned != successors_.end()) {
+      going.push_back(std::move(*owned));
+      successors_.erase(owned);
+    }
   }
+  destroyAside(std::move(going));
   rank_ = comm_->rank();
   world_ = comm_->size();
   worldSizes_.push_back(world_);
@@ -914,6 +928,20 @@ Status Run::admit(std::int64_t* step, Clock::time_point start) {
                   "stopped {:.2f} s to hand the state over",
                   before, world_, fmt::join(comm_->jobRanks(), ","), joiners, *step, a->step, stopped));
   return Status();
+}
+
+void Run::destroyAside(std::vector<std::unique_ptr<Communicator>> going) {
+  std::erase_if(reapers_, [](auto& r) {
+    if (!r.second->load(std::memory_order_acquire)) return false;
+    r.first.join();
+    return true;
+  });
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::thread reaper([going = std::move(going), done]() mutable {
+    for (auto& c : going) c.reset();
+    done->store(true, std::memory_order_release);
+  });
+  reapers_.emplace_back(std::move(reaper), std::move(done));
 }
 
 void Run::dropAdmission(const std::string& why) {
