@@ -780,17 +780,20 @@ bool Communicator::startRecovery(std::function<Result<std::unique_ptr<Communicat
 }
 
 void Communicator::retire() {
-  markBroken(commError("retired: a successor communicator took over"), /*replace=*/false, /*planned=*/true);
-  stopChildren(commError("retired: the parent communicator's successor took over"), /*planned=*/true);
-  if (control_) control_->quiesce();  // the others retiring theirs is no news
-  stopTransport();
+  stopOnPurpose(commError("retired: a successor communicator took over"),
+                commError("retired: the parent communicator's successor took over"), Status::ok());
 }
 
 void Communicator::abandon(const Status& why) {
-  markBroken(commError("given up by this rank: {}", why.toString()), /*replace=*/false, /*planned=*/true);
-  stopChildren(commError("its parent communicator was given up: {}", why.toString()), /*planned=*/true);
-  if (control_) control_->quiesce();  // what this rank's own failures look like is no news
-  abandonPeers(everyRank(), why);
+  stopOnPurpose(commError("given up by this rank: {}", why.toString()),
+                commError("its parent communicator was given up: {}", why.toString()), why);
+}
+
+void Communicator::stopOnPurpose(const Status& why, const Status& childrenWhy, const Status& failChannels) {
+  markBroken(why, /*replace=*/false, /*planned=*/true);
+  stopChildren(childrenWhy, /*planned=*/true);
+  if (control_) control_->quiesce();  // what the others see of this is no news here
+  if (!failChannels.isOk()) abandonPeers(everyRank(), failChannels);
   stopTransport();
 }
 

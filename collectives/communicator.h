@@ -365,6 +365,10 @@ class Communicator {
   void abortTransport(const Status& why, bool abandon = false);
   // The first half of that, from any thread, once.
   void stopTransport();
+  // retire() and abandon(): stops this communicator and its children as this rank chose
+  // (`why`, `childrenWhy`, logged quietly); the channels fail with `failChannels` first
+  // unless it is OK (then the peers see this rank leave).
+  void stopOnPurpose(const Status& why, const Status& childrenWhy, const Status& failChannels);
   // Fails the channels to `peers` at once (lost ranks: closing must not wait on them), with
   // `why`, or "rank p is lost" when it is OK.
   void abandonPeers(const std::vector<int>& peers, const Status& why = Status::ok());

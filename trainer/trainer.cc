@@ -265,7 +265,7 @@ class Run {
   ~Run() {
     if (admission_) dropAdmission("the run ended");
     for (auto& a : dropped_) a->worker.join();
-    for (auto& [reaper, done] : reapers_) reaper.join();
+    for (auto& r : reapers_) r->worker.join();
   }
   Result<TrainSummary> go();
   // After go() failed on this rank: an elastic world communicator is given up (the others
@@ -362,6 +362,12 @@ class Run {
   // the same data; the joiners take rank 0's state. `joiners`: how many joined, on the
   // members (a joiner passes 0 and learns it from rank 0).
   Status welcome(std::int64_t* step, int joiners);
+  // A joiner's side, on its new communicator: the barrier that tells the members it is ready
+  // (they take their build as done once it passed), then the welcome.
+  Status arrive(std::int64_t* step) {
+    MERIDIAN_RETURN_IF_ERROR(comm_->barrier());
+    return welcome(step, /*joiners=*/0);
+  }
   // Members, at a step boundary: admits the ranks waiting to join and lets go of the ones
   // asking to leave (ctx.leaveRequested), if any; `*left` turns true on a rank that left.
   // Joiners are admitted without stopping: the grown communicator (and hybrid's, split from
@@ -408,11 +414,20 @@ class Run {
   std::vector<int> regionOf_;  // per world rank; empty when unknown
   std::vector<float> hostInput_;
   std::vector<std::int32_t> hostLabels_;
-  // An admission under way: the members' build of the grown communicator, on `worker`.
-  struct Admission {
-    std::unique_ptr<Communicator::MembershipChange> change;
+  // A thread of the run's own whose end is known without waiting for it.
+  struct Background {
     std::thread worker;
     std::atomic<bool> done{false};
+    // Joins it when it ended; false (and nothing waited for) while it runs.
+    bool joinIfEnded() {
+      if (!done.load(std::memory_order_acquire)) return false;
+      worker.join();
+      return true;
+    }
+  };
+  // An admission under way: the members' build of the grown communicator, on `worker`.
+  struct Admission : Background {
+    std::unique_ptr<Communicator::MembershipChange> change;
     // The worker's, read once done.
     Status status;
     std::unique_ptr<Communicator> grown;
@@ -422,8 +437,7 @@ class Run {
   };
   std::unique_ptr<Admission> admission_;
   std::vector<std::unique_ptr<Admission>> dropped_;  // cancelled; their workers end soon
-  // Threads destroying retired communicators (destroyAside), each with its end flag.
-  std::vector<std::pair<std::thread, std::shared_ptr<std::atomic<bool>>>> reapers_;
+  std::vector<std::unique_ptr<Background>> reapers_;  // destroying retired communicators
   ThreadMaker threads_;  // communicators are built on its threads
   CheckpointKey checkpointKey_{};
   std::int64_t lastCheckpointStep_ = -1;  // the newest checkpoint written or resumed from
@@ -730,8 +744,7 @@ Result<std::int64_t> Run::rejoin(const Status& why) {
     if (!joined.isOk()) return commError("{}; and could not join again: {}", last.toString(), joined.status().toString());
     MERIDIAN_RETURN_IF_ERROR(bindTo(std::move(joined).value()));
     std::int64_t step = 0;
-    last = comm_->barrier();  // ready: the members take it as built
-    if (last.isOk()) last = welcome(&step, /*joiners=*/0);
+    last = arrive(&step);
     if (last.isOk()) return 2 * step;  // the members admit ranks at a boundary
     if (last.code() == StatusCode::kInvalidArgument) return last;  // not the network's doing
   }
@@ -884,17 +897,13 @@ Status Run::admit(std::int64_t* step, Clock::time_point start) {
 }
 
 void Run::destroyAside(std::vector<std::unique_ptr<Communicator>> going) {
-  std::erase_if(reapers_, [](auto& r) {
-    if (!r.second->load(std::memory_order_acquire)) return false;
-    r.first.join();
-    return true;
-  });
-  auto done = std::make_shared<std::atomic<bool>>(false);
-  std::thread reaper([going = std::move(going), done]() mutable {
+  std::erase_if(reapers_, [](std::unique_ptr<Background>& r) { return r->joinIfEnded(); });
+  auto reaper = std::make_unique<Background>();
+  reaper->worker = std::thread([going = std::move(going), done = &reaper->done]() mutable {
     for (auto& c : going) c.reset();
     done->store(true, std::memory_order_release);
   });
-  reapers_.emplace_back(std::move(reaper), std::move(done));
+  reapers_.push_back(std::move(reaper));
 }
 
 void Run::dropAdmission(const std::string& why) {
@@ -904,11 +913,7 @@ void Run::dropAdmission(const std::string& why) {
   a->change->cancel();
   dropped_.push_back(std::move(a));
   // Those whose workers ended go now; the others when theirs do (later, or at the end).
-  std::erase_if(dropped_, [](std::unique_ptr<Admission>& d) {
-    if (!d->done.load(std::memory_order_acquire)) return false;
-    d->worker.join();
-    return true;
-  });
+  std::erase_if(dropped_, [](std::unique_ptr<Admission>& d) { return d->joinIfEnded(); });
 }
 
 Status Run::handState(int source, const std::vector<int>& targets, bool agree) {
@@ -1202,11 +1207,9 @@ Result<TrainSummary> Run::go() {
   sum.computeNice = nice_;
   worldSizes_.assign(1, world_);
   if (ctx_.joined) {
-    // The members switch at a step boundary once every joiner passed this barrier; the step
-    // and the state come from rank 0.
-    Status st = comm_->barrier();  // ready: the members take it as built
-    if (st.isOk()) st = welcome(&step, /*joiners=*/0);
-    if (!st.isOk()) {
+    // The members switch at a step boundary once every joiner passed its barrier (arrive);
+    // the step and the state come from rank 0.
+    if (Status st = arrive(&step); !st.isOk()) {
       if (st.code() == StatusCode::kInvalidArgument) return st;
       MERIDIAN_ASSIGN_OR_RETURN(const std::int64_t position, rejoin(st));
       step = position / 2;
