@@ -32,6 +32,7 @@
 #include "transport/engine.h"
 #include "transport/fabric/link.h"
 #include "transport/fabric/path.h"
+#include "core/process_exit.h"
 #include "transport/shm/pairing.h"
 #include "transport/shm/path.h"
 #include "transport/tcp/direct_read.h"
@@ -215,6 +216,7 @@ struct ChannelEntry {
   int shmPeerDoorbell = -1;
   bool shmPairingDone = false;  // paired, or refused either way: later messages are refused
   int shmHostPeers = 1;         // ranks of the group on this host besides us (ring sizes)
+  ProcessExitFd shmPeerExit;    // the peer's process, in epoll: readable once it exited
   bool ready = false;
   bool usable() const { return ready && !engine->failed(); }
   // The channel's path index of fabric path 0 (the fabric paths follow the stream paths).
@@ -476,6 +478,11 @@ struct TcpDevice::Impl {
   // The progress thread woke (from the sleep shmSleepMs allowed): flags down.
   void shmAwake();
   void closeShmPath(ChannelEntry& e);
+  // The peer's process exited (its pidfd, `fd`, became readable): the path fails at once,
+  // not at its next look at the process (ShmPathConfig::peerPid). False: `fd` is no pidfd.
+  bool takeShmPeerExit(int fd);
+  void stopWatchingShmPeer(ChannelEntry& e);
+  std::map<int, ChannelEntry*> shmPeerExits;  // pidfd -> its channel
   std::size_t shmWork = 0;  // records the shared-memory paths moved in this round
   std::size_t liveShmPaths = 0;  // channels whose shared-memory path is up (under poller->mu)
 };

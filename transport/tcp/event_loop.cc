@@ -78,6 +78,7 @@ bool TcpDevice::Impl::processEvents(const epoll_event* events, int n) {
       stepRelay(*r->second);
       continue;
     }
+    if (takeShmPeerExit(fd)) continue;
     // Another thread may have handled this event already (and even closed the fd):
     // handlers find nothing to read or write then.
     auto st = streamsByFd.find(fd);

@@ -2,6 +2,7 @@
 // first TCP stream (shm/pairing.h), and from then on carries its data through the pair's
 // segment while its TCP paths stand by (PathEndpoints::standby). See docs/transport.md,
 // "Shared memory between ranks on one host".
+#include <sys/epoll.h>
 #include <unistd.h>
 
 #include "transport/tcp/device_impl.h"
@@ -141,8 +142,38 @@ void TcpDevice::Impl::startShmPath(ChannelEntry& e, shm::ShmSegment segment, boo
     MLOG_INFO(kTransport, "shared-memory path to rank {}: no doorbell ({}); the peer polls", e.peerRank,
               bell.status().message());
   }
+  const std::int32_t watched = config.peerPid;
   e.shm = std::make_unique<shm::ShmPath>(std::move(segment), creator, *e.engine, std::move(config));
   e.engine->onPathUp(e.shmSlot, -1);
+  // The peer's exit wakes this loop (a killed rank's path fails within a round, not at the
+  // path's next look at the process); without pidfds, that look is all there is.
+  if (watched <= 0) return;
+  Result<ProcessExitFd> exit = ProcessExitFd::open(watched);
+  Status st = exit.status();
+  if (st.isOk()) st = epollSet(exit->fd(), EPOLLIN, /*add=*/true);
+  if (!st.isOk()) {
+    MLOG_DEBUG(kTransport, "shared-memory path to rank {}: {}; its exit is seen by polling", e.peerRank, st.message());
+    return;
+  }
+  shmPeerExits[exit->fd()] = &e;
+  e.shmPeerExit = std::move(exit).value();
+}
+
+bool TcpDevice::Impl::takeShmPeerExit(int fd) {
+  const auto it = shmPeerExits.find(fd);
+  if (it == shmPeerExits.end()) return false;
+  ChannelEntry& e = *it->second;
+  const pid_t pid = e.shmPeerExit.pid();
+  stopWatchingShmPeer(e);
+  if (e.shm && !e.shm->failed()) e.shm->fail(peerError("the peer's process {} is gone", pid));
+  return true;
+}
+
+void TcpDevice::Impl::stopWatchingShmPeer(ChannelEntry& e) {
+  if (!e.shmPeerExit.valid()) return;
+  shmPeerExits.erase(e.shmPeerExit.fd());
+  epollDel(e.shmPeerExit.fd());
+  e.shmPeerExit = ProcessExitFd();
 }
 
 std::size_t TcpDevice::Impl::receiveShmPath(ChannelEntry& e, std::int64_t now) {
@@ -177,6 +208,7 @@ void TcpDevice::Impl::shmAwake() {
 }
 
 void TcpDevice::Impl::closeShmPath(ChannelEntry& e) {
+  stopWatchingShmPeer(e);
   e.shmOffered.reset();
   if (!e.shm) return;
   if (!e.shm->failed()) {

@@ -1,0 +1,31 @@
+#include "core/process_exit.h"
+
+#include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace meridian {
+
+Result<ProcessExitFd> ProcessExitFd::open(pid_t pid) {
+  if (pid <= 0) return invalidArgument("no process {} to watch", pid);
+#if defined(SYS_pidfd_open)
+  UniqueFd fd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+  if (fd.get() < 0) return internalError("pidfd_open({}): {}", pid, errnoText(errno));
+  ProcessExitFd watch;
+  watch.fd_ = std::move(fd);
+  watch.pid_ = pid;
+  return watch;
+#else
+  return internalError("pidfd_open({}): this system has no pidfds", pid);
+#endif
+}
+
+bool ProcessExitFd::exited() const {
+  if (!valid()) return false;
+  pollfd p{fd_.get(), POLLIN, 0};
+  return ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN) != 0;
+}
+
+}  // namespace meridian
