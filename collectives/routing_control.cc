@@ -115,11 +115,19 @@ void RoutingControl::start() {
 
 void RoutingControl::stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
+    std::lock_guard<std::mutex> lock(wake_->mu);
+    wake_->stopping = true;
   }
-  cv_.notify_all();
+  wake_->cv.notify_all();
   if (thread_.joinable()) thread_.join();
+}
+
+void RoutingControl::Wake::ring() {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    news = true;
+  }
+  cv.notify_all();
 }
 
 void RoutingControl::postRowReceive(int peer) {
@@ -235,6 +243,8 @@ void RoutingControl::postMembershipReceive(int peer) {
   if (io.memberInbox.empty()) io.memberInbox.resize(membership::messageBytes(static_cast<std::size_t>(size_)));
   auto req = channels_[static_cast<std::size_t>(peer)]->irecv(io.memberInbox.data(), io.memberInbox.size(), kMembershipTag);
   io.memberRecv = req.isOk() ? std::move(req).value() : nullptr;
+  // A message, or the channel's end (a lost peer): the agreement goes on at once.
+  if (io.memberRecv) io.memberRecv->whenDone([wake = wake_] { wake->ring(); });
 }
 
 void RoutingControl::sendMembership(std::vector<membership::Outgoing> out) {
@@ -298,12 +308,13 @@ Status RoutingControl::health() const {
 }
 
 void RoutingControl::runLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stopping_) {
+  std::unique_lock<std::mutex> lock(wake_->mu);
+  while (!wake_->stopping) {
+    wake_->news = false;
     lock.unlock();
     tick(Clock::now());
     lock.lock();
-    cv_.wait_for(lock, kTick, [&] { return stopping_; });
+    wake_->cv.wait_for(lock, kTick, [&] { return wake_->stopping || wake_->news; });
   }
 }
 

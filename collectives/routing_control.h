@@ -171,8 +171,18 @@ class RoutingControl {
 
   mutable std::mutex mu_;
   routing::LinkStateTable table_;
-  std::condition_variable cv_;
-  bool stopping_ = false;
+  // What ends the loop's wait before its next tick: a stop, or news for the membership
+  // agreement (a message, or a channel that ended), so each of its rounds costs a message's
+  // trip and not a tick. Shared with the callbacks of pending receives, which may run after
+  // this object is gone.
+  struct Wake {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool stopping = false;  // guarded by mu
+    bool news = false;      // guarded by mu
+    void ring();
+  };
+  std::shared_ptr<Wake> wake_ = std::make_shared<Wake>();
   Status failure_;  // why the loop ended early; guarded by mu_
   std::vector<int> lost_;  // guarded by mu_
   bootstrap::membership::View view_;  // guarded by mu_

@@ -31,13 +31,29 @@ bool Request::test() {
   return done();
 }
 
+void Request::whenDone(std::function<void()> fn) {
+  {
+    std::lock_guard lock(mu_);
+    if (!done_.load(std::memory_order_relaxed)) {
+      whenDone_ = std::move(fn);
+      return;
+    }
+  }
+  if (fn) fn();
+}
+
 void Request::complete(Status status, std::size_t bytes) {
-  std::lock_guard lock(mu_);
-  if (done_.load(std::memory_order_relaxed)) return;
-  status_ = std::move(status);
-  bytes_ = bytes;
-  done_.store(true, std::memory_order_release);
-  if (waiting_) cv_.notify_all();
+  std::function<void()> then;
+  {
+    std::lock_guard lock(mu_);
+    if (done_.load(std::memory_order_relaxed)) return;
+    status_ = std::move(status);
+    bytes_ = bytes;
+    done_.store(true, std::memory_order_release);
+    if (waiting_) cv_.notify_all();
+    then.swap(whenDone_);
+  }
+  if (then) then();
 }
 
 Status Request::wait(TimePoint deadline) {

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
 
@@ -52,6 +53,12 @@ class Request {
   const Status& status() const { return status_; }
   std::size_t bytes() const { return bytes_; }
 
+  // Calls `fn` once the request is done: at once, on this thread, when it is already;
+  // otherwise on the thread that completes it (a transport's progress thread, which may hold
+  // the transport's locks: `fn` only notes the news and wakes whoever acts on it). One per
+  // request; a later call replaces an earlier one not yet called.
+  void whenDone(std::function<void()> fn);
+
   // Transport side: completes the request once; later calls are ignored.
   void complete(Status status, std::size_t bytes);
 
@@ -62,6 +69,7 @@ class Request {
   std::mutex mu_;
   std::condition_variable cv_;
   bool waiting_ = false;
+  std::function<void()> whenDone_;  // guarded by mu_
   std::shared_ptr<Progressor> progressor_;
 };
 
