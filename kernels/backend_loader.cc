@@ -32,6 +32,13 @@ const CudaLibrary& cudaLibrary() {
   static CudaLibrary lib;
   static std::once_flag once;
   std::call_once(once, [] {
+    // No driver, no device: the runtime and cuBLAS it would bring (a third of a second of a
+    // process's start here, mapping and relocating them) are not loaded to find that out.
+    if (::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL) == nullptr) {
+      const char* e = ::dlerror();
+      lib.error = std::string("no CUDA driver (") + (e != nullptr ? e : "libcuda.so.1") + ")";
+      return;
+    }
     std::vector<std::string> candidates;
     if (const char* p = std::getenv("MERIDIAN_CUDA_BACKEND")) candidates.emplace_back(p);
     candidates.emplace_back(MERIDIAN_CUDA_BACKEND_PATH);
