@@ -78,6 +78,9 @@ done
 (( ${#pidOf[@]} == 4 )) || { echo "the training did not start its 4 ranks" >&2; exit 1; }
 pids+=("$launcher")
 store=$(tr '\0' '\n' < "/proc/${pidOf[1]}/environ" | sed -n 's/^MERIDIAN_STORE=//p')
+# A joiner starts where the rank it replaces ran, as a supervisor restarting that rank would:
+# with the launch environment it had (how many ranks share the host, among the rest).
+localSize=$(tr '\0' '\n' < "/proc/${pidOf[1]}/environ" | sed -n 's/^MERIDIAN_LOCAL_WORLD_SIZE=//p')
 RANDOM=$seed
 faults=0
 start=$(date +%s)
@@ -95,7 +98,8 @@ while kill -0 "$launcher" 2>/dev/null; do
   printf '%s [chaos] killed job rank %s (pid %s)\n' "$EPOCHREALTIME" "$victim" "$p" >> "$tmp/faults.log"
   sleep "$delay"
   kill -0 "$launcher" 2>/dev/null || break
-  MERIDIAN_STORE=$store MERIDIAN_RANK=$victim "$train" --join "${common[@]}" --max-steps "$steps" --quiet \
+  MERIDIAN_STORE=$store MERIDIAN_RANK=$victim MERIDIAN_LOCAL_RANK=$victim MERIDIAN_LOCAL_WORLD_SIZE=$localSize \
+    "$train" --join "${common[@]}" --max-steps "$steps" --quiet \
     > "$tmp/joiner-$faults.log" 2>&1 &
   pidOf[$victim]=$!
   pids+=("$!")

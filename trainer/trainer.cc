@@ -279,6 +279,12 @@ class Run {
   // Applies cfg_.computeNice to this thread (after setUpSync: the communicator's threads,
   // started there, keep the nice value they were born with) and records it in nice_.
   void lowerComputePriority();
+  // The nice value computing runs at (--compute-nice; auto: kAutoComputeNice when the local
+  // ranks outnumber the cores, else 0).
+  int computeNice() const;
+  // Runs `work` on a thread of its own at that nice value, and waits for it: work done before
+  // the compute thread's priority drops (the communicator's threads must not inherit it).
+  Status atComputePriority(const std::function<Status()>& work);
   // Normalised images and labels of `indices` into `model`'s input (rows <= hostRows_).
   void fillBatch(Model& model, const Dataset& data, const std::uint32_t* indices, int rows);
   Status evaluate(double* accuracy, double* loss);
@@ -443,22 +449,45 @@ class Run {
   std::int64_t lastCheckpointStep_ = -1;  // the newest checkpoint written or resumed from
 };
 
-void Run::lowerComputePriority() {
-  const int want = cfg_.computeNice >= 0 ? cfg_.computeNice : (localRanksOutnumberCores() ? kAutoComputeNice : 0);
-  if (want == 0) return;
-  // On Linux a nice value belongs to a thread: this one, the one that computes.
+namespace {
+
+// Lowers the calling thread to nice `want` (a nice value belongs to a thread on Linux);
+// returns the value it runs at, or -1 when it could not.
+int lowerThisThread(int want) {
   const auto tid = static_cast<id_t>(::syscall(SYS_gettid));
   errno = 0;
   const int now = ::getpriority(PRIO_PROCESS, tid);
-  if (errno == 0 && now >= want) {
-    nice_ = now;
-    return;
-  }
-  if (::setpriority(PRIO_PROCESS, tid, want) != 0) {
+  if (errno == 0 && now >= want) return now;
+  if (::setpriority(PRIO_PROCESS, tid, want) != 0) return -1;
+  return want;
+}
+
+}  // namespace
+
+int Run::computeNice() const {
+  return cfg_.computeNice >= 0 ? cfg_.computeNice : (localRanksOutnumberCores() ? kAutoComputeNice : 0);
+}
+
+void Run::lowerComputePriority() {
+  const int want = computeNice();
+  if (want == 0) return;
+  const int got = lowerThisThread(want);
+  if (got < 0) {
     MLOG_WARN(kTrainer, "could not lower the compute thread to nice {}: {}", want, std::strerror(errno));
     return;
   }
-  nice_ = want;
+  nice_ = got;
+}
+
+Status Run::atComputePriority(const std::function<Status()>& work) {
+  const int want = computeNice();
+  if (want == 0) return work();
+  Status st;
+  std::thread([&] {
+    (void)lowerThisThread(want);  // if not, the work runs as this thread would
+    st = work();
+  }).join();
+  return st;
 }
 
 Status Run::setUpSync() {
@@ -838,6 +867,7 @@ Status Run::changeMembership(std::int64_t* step, bool* left) {
       if (grown.isOk()) raw->grown = std::move(grown).value();
       else raw->status = grown.status();
       raw->done.store(true, std::memory_order_release);
+      raw->done.notify_all();  // the owner joins this thread before the admission goes
     });
     MLOG_INFO(kTrainer, "admitting {} rank(s) at step {} (membership epoch {}): the members train on while the grown "
               "communicator is built",
@@ -1157,7 +1187,8 @@ std::pair<std::uint64_t, std::uint64_t> Run::transportBytes() const {
 Result<TrainSummary> Run::go() {
   // A joiner's world is whatever the members had plus it: the batch need not divide it.
   MERIDIAN_RETURN_IF_ERROR(checkConfig(cfg_, ctx_.joined ? 1 : world_));
-  MERIDIAN_RETURN_IF_ERROR(loadData());
+  // Decoding is compute: a joiner decodes while the members train beside it on a shared host.
+  MERIDIAN_RETURN_IF_ERROR(atComputePriority([&] { return loadData(); }));
   if (static_cast<std::size_t>(cfg_.model.widths.front()) != train_.features() ||
       cfg_.model.widths.back() != train_.classes)
     return invalidArgument("model {} does not fit the data: {} inputs and {} classes wanted",
@@ -1410,6 +1441,21 @@ Result<TrainSummary> Run::go() {
       }
       if (step != boundary) return internalError("ranks joined at step {} while this rank was at step {}", step, boundary);
     }
+  }
+  // A joiner on its way in when the last step is done comes in at the end: each member waits
+  // for its own build of the grown communicator (it ends built or failed, within kAdmitWait
+  // and the barrier with the joiners), then all decide alike. Admitted, a joiner takes the
+  // final model and ends with the others; dropped, it would ask a job that is over.
+  while (admission_) {
+    admission_->done.wait(false, std::memory_order_acquire);
+    bool left = false;  // a request to leave waits until an admission is over: not here
+    std::int64_t agreed = 0;
+    const std::int64_t end = step;
+    MERIDIAN_ASSIGN_OR_RETURN(const bool cut,
+                              atBoundary([&] { return changeMembership(&step, &left); }, 2 * step, &agreed));
+    // Cut: a member was lost meanwhile and the recovery dropped the admission.
+    if (step != end) return internalError("ranks joined at step {} while this rank was at step {}", step, end);
+    if (cut && agreed != 2 * end) return internalError("the survivors agreed on position {} after the last step", agreed);
   }
   backend_.synchronize();
   sum.wallSec = secondsSince(start);

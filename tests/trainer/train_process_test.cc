@@ -292,6 +292,43 @@ TEST_F(TrainProcessTest, AJoinerWithOtherDataStopsAloneAndTheMembersFinish) {
   EXPECT_EQ(j["world_sizes"], nlohmann::json::array({4, 3, 4, 3})) << text;
 }
 
+// A joiner whose admission is under way when the members finish their last step comes in
+// at the end (the members wait for the build) and ends with them, exit 0, instead of being
+// dropped and then asking a job that is over. The only boundary is the step before the last.
+TEST_F(TrainProcessTest, AJoinerAdmittedAtTheLastBoundaryEndsWithTheMembers) {
+  if (!fs::exists(kFashionMnistDir)) {
+    GTEST_SKIP() << kFashionMnistDir << " is missing: apt-get install dataset-fashion-mnist";
+  }
+  const std::string out = dir_ + "/members.out";
+  const std::string json = dir_ + "/members.json";
+  const std::string common = fmt::format("--data-dir {} --model 784-32-10 --batch 64 --max-steps 6000 "
+                                         "--join-check-every 5999", kFashionMnistDir);
+  const pid_t pid = startShell(fmt::format("{} --ranks 4 {} --eval-every 100000 --log-every 10 --json {}",
+                                           MERIDIAN_TRAIN_BIN, common, json),
+                               out);
+  ASSERT_GE(pid, 0);
+  const bool reached = pollUntil([&] { return readAll(out).find("step    200/") != std::string::npos || processEnded(pid); },
+                                 std::chrono::seconds(120), std::chrono::milliseconds(2));
+  std::string joinEnv;
+  const pid_t victim = rankProcess(pid, 2, &joinEnv);
+  ASSERT_TRUE(reached && victim > 0 && !processEnded(pid)) << "the run ended before a rank could be killed: " << readAll(out);
+  ::kill(victim, SIGKILL);
+  auto joiner = runShell("env " + joinEnv + "MERIDIAN_RANK=2 MERIDIAN_METRICS_ADDR=0 " + std::string(MERIDIAN_TRAIN_BIN) +
+                         " --join --quiet " + common);
+  EXPECT_EQ(joiner.code, 0) << joiner.output;
+  int status = 0;
+  ASSERT_TRUE(pollUntil([&] { return ::waitpid(pid, &status, WNOHANG) == pid; }, std::chrono::seconds(180)))
+      << "the members did not finish";
+  const std::string text = readAll(out);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << text;
+  std::ifstream f(json);
+  auto j = nlohmann::json::parse(f, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << text;
+  EXPECT_EQ(j["final_step"], 6000);
+  EXPECT_EQ(j["world_sizes"], nlohmann::json::array({4, 3, 4})) << text << joiner.output;
+  EXPECT_NE(text.find("1 joined, at step 6000"), std::string::npos) << text;
+}
+
 // Drain (hot migration): rank 1 gets SIGTERM mid-run. It finishes its step, leaves at the next
 // membership boundary and exits 0; the others go on on 3 ranks and nobody logs an error.
 TEST_F(TrainProcessTest, ARankSentSigtermLeavesAtTheNextBoundaryAndNobodySeesAnError) {
