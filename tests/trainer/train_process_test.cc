@@ -99,6 +99,49 @@ class TrainProcessTest : public ::testing::Test {
     return -1;
   }
 
+  // `meridian-train --ranks 4 <args>` (its output in membersOut(), its JSON in
+  // membersJson()), with job rank 2 killed at step 200; the launcher's pid (-1 after a
+  // failure, reported), and what a joiner for job rank 2 needs in `*joinEnv`.
+  pid_t startMembersAndKillRank2(const std::string& args, std::string* joinEnv) const {
+    const pid_t pid = startShell(fmt::format("{} --ranks 4 {} --eval-every 100000 --log-every 10 --json {}",
+                                             MERIDIAN_TRAIN_BIN, args, membersJson()),
+                                 membersOut());
+    if (pid < 0) {
+      ADD_FAILURE() << "could not start the members";
+      return -1;
+    }
+    const bool reached = pollUntil(
+        [&] { return readAll(membersOut()).find("step    200/") != std::string::npos || processEnded(pid); },
+        std::chrono::seconds(120), std::chrono::milliseconds(2));
+    const pid_t victim = rankProcess(pid, 2, joinEnv);
+    if (!reached || victim <= 0 || processEnded(pid)) {
+      ADD_FAILURE() << "the run ended before a rank could be killed: " << readAll(membersOut());
+      return -1;
+    }
+    ::kill(victim, SIGKILL);
+    return pid;
+  }
+  // Waits for the members' launcher to exit 0 and returns their JSON summary (null after a
+  // failure, reported).
+  nlohmann::json membersFinished(pid_t pid) const {
+    int status = 0;
+    if (!pollUntil([&] { return ::waitpid(pid, &status, WNOHANG) == pid; }, std::chrono::seconds(180))) {
+      ADD_FAILURE() << "the members did not finish";
+      return {};
+    }
+    const std::string text = readAll(membersOut());
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      ADD_FAILURE() << text;
+      return {};
+    }
+    std::ifstream f(membersJson());
+    auto j = nlohmann::json::parse(f, nullptr, false);
+    if (j.is_discarded()) ADD_FAILURE() << text;
+    return j.is_discarded() ? nlohmann::json() : j;
+  }
+  std::string membersOut() const { return dir_ + "/members.out"; }
+  std::string membersJson() const { return dir_ + "/members.json"; }
+
   std::string dir_;
 };
 
@@ -263,33 +306,17 @@ TEST_F(TrainProcessTest, AJoinerWithOtherDataStopsAloneAndTheMembersFinish) {
   if (!fs::exists(kFashionMnistDir)) {
     GTEST_SKIP() << kFashionMnistDir << " is missing: apt-get install dataset-fashion-mnist";
   }
-  const std::string out = dir_ + "/members.out";
-  const std::string json = dir_ + "/members.json";
-  const pid_t pid = startShell(fmt::format("{} --ranks 4 --data-dir {} --model 784-32-10 --batch 64 --max-steps 1500 "
-                                           "--eval-every 100000 --log-every 10 --json {}",
-                                           MERIDIAN_TRAIN_BIN, kFashionMnistDir, json),
-                               out);
-  ASSERT_GE(pid, 0);
-  const bool reached = pollUntil([&] { return readAll(out).find("step    200/") != std::string::npos || processEnded(pid); },
-                                 std::chrono::seconds(120), std::chrono::milliseconds(2));
+  const std::string common = "--model 784-32-10 --batch 64 --max-steps 1500";
   std::string joinEnv;
-  const pid_t victim = rankProcess(pid, 2, &joinEnv);
-  ASSERT_TRUE(reached && victim > 0 && !processEnded(pid)) << "the run ended before a rank could be killed";
-  ::kill(victim, SIGKILL);
+  const pid_t pid = startMembersAndKillRank2(fmt::format("--data-dir {} {}", kFashionMnistDir, common), &joinEnv);
+  ASSERT_GT(pid, 0);
   auto joiner = runShell("env " + joinEnv + "MERIDIAN_RANK=2 MERIDIAN_METRICS_ADDR=0 " + std::string(MERIDIAN_TRAIN_BIN) +
-                         " --join --quiet --data-dir " + dir_ + "/data --model 784-32-10 --batch 64 --max-steps 1500");
+                         " --join --quiet --data-dir " + dir_ + "/data " + common);
   EXPECT_NE(joiner.code, 0) << joiner.output;
   EXPECT_NE(joiner.output.find("decoded different data than rank 0"), std::string::npos) << joiner.output;
-  int status = 0;
-  ASSERT_TRUE(pollUntil([&] { return ::waitpid(pid, &status, WNOHANG) == pid; }, std::chrono::seconds(180)))
-      << "the members did not finish";
-  const std::string text = readAll(out);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << text;
-  std::ifstream f(json);
-  auto j = nlohmann::json::parse(f, nullptr, false);
-  ASSERT_FALSE(j.is_discarded()) << text;
+  const nlohmann::json j = membersFinished(pid);
   EXPECT_EQ(j["final_step"], 1500);
-  EXPECT_EQ(j["world_sizes"], nlohmann::json::array({4, 3, 4, 3})) << text;
+  EXPECT_EQ(j["world_sizes"], nlohmann::json::array({4, 3, 4, 3})) << readAll(membersOut());
 }
 
 // A joiner whose admission is under way when the members finish their last step comes in
@@ -299,31 +326,16 @@ TEST_F(TrainProcessTest, AJoinerAdmittedAtTheLastBoundaryEndsWithTheMembers) {
   if (!fs::exists(kFashionMnistDir)) {
     GTEST_SKIP() << kFashionMnistDir << " is missing: apt-get install dataset-fashion-mnist";
   }
-  const std::string out = dir_ + "/members.out";
-  const std::string json = dir_ + "/members.json";
   const std::string common = fmt::format("--data-dir {} --model 784-32-10 --batch 64 --max-steps 6000 "
                                          "--join-check-every 5999", kFashionMnistDir);
-  const pid_t pid = startShell(fmt::format("{} --ranks 4 {} --eval-every 100000 --log-every 10 --json {}",
-                                           MERIDIAN_TRAIN_BIN, common, json),
-                               out);
-  ASSERT_GE(pid, 0);
-  const bool reached = pollUntil([&] { return readAll(out).find("step    200/") != std::string::npos || processEnded(pid); },
-                                 std::chrono::seconds(120), std::chrono::milliseconds(2));
   std::string joinEnv;
-  const pid_t victim = rankProcess(pid, 2, &joinEnv);
-  ASSERT_TRUE(reached && victim > 0 && !processEnded(pid)) << "the run ended before a rank could be killed: " << readAll(out);
-  ::kill(victim, SIGKILL);
+  const pid_t pid = startMembersAndKillRank2(common, &joinEnv);
+  ASSERT_GT(pid, 0);
   auto joiner = runShell("env " + joinEnv + "MERIDIAN_RANK=2 MERIDIAN_METRICS_ADDR=0 " + std::string(MERIDIAN_TRAIN_BIN) +
                          " --join --quiet " + common);
   EXPECT_EQ(joiner.code, 0) << joiner.output;
-  int status = 0;
-  ASSERT_TRUE(pollUntil([&] { return ::waitpid(pid, &status, WNOHANG) == pid; }, std::chrono::seconds(180)))
-      << "the members did not finish";
-  const std::string text = readAll(out);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << text;
-  std::ifstream f(json);
-  auto j = nlohmann::json::parse(f, nullptr, false);
-  ASSERT_FALSE(j.is_discarded()) << text;
+  const nlohmann::json j = membersFinished(pid);
+  const std::string text = readAll(membersOut());
   EXPECT_EQ(j["final_step"], 6000);
   EXPECT_EQ(j["world_sizes"], nlohmann::json::array({4, 3, 4})) << text << joiner.output;
   EXPECT_NE(text.find("1 joined, at step 6000"), std::string::npos) << text;
