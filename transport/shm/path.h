@@ -60,7 +60,7 @@ std::size_t ringCapacityOf(std::size_t bytes);
 
 struct ShmPathConfig {
   std::size_t index = 0;            // the channel's path index
-  std::int32_t peerPid = 0;         // checked for life every kAliveCheckUs (0: not checked)
+  std::int32_t peerPid = 0;         // its exit fails the path (a pidfd, or a look every kAliveCheckUs)
   // Reads `n` bytes at the peer's address into dst (the backend's same-host reads,
   // tcp/direct_read.h); empty: the peer may not send DATA-REF chunks on this path.
   std::function<Status(std::uint8_t* dst, std::uint64_t address, std::size_t n)> readPeer;
