@@ -77,10 +77,11 @@ for ((i = 0; i < 100 && ${#pidOf[@]} < 4; i++)); do
 done
 (( ${#pidOf[@]} == 4 )) || { echo "the training did not start its 4 ranks" >&2; exit 1; }
 pids+=("$launcher")
-store=$(tr '\0' '\n' < "/proc/${pidOf[1]}/environ" | sed -n 's/^MERIDIAN_STORE=//p')
+launchEnv() { tr '\0' '\n' < "/proc/${pidOf[1]}/environ" | sed -n "s/^$1=//p"; }  # as rank 1 was started
+store=$(launchEnv MERIDIAN_STORE)
 # A joiner starts where the rank it replaces ran, as a supervisor restarting that rank would:
 # with the launch environment it had (how many ranks share the host, among the rest).
-localSize=$(tr '\0' '\n' < "/proc/${pidOf[1]}/environ" | sed -n 's/^MERIDIAN_LOCAL_WORLD_SIZE=//p')
+localSize=$(launchEnv MERIDIAN_LOCAL_WORLD_SIZE)
 RANDOM=$seed
 faults=0
 start=$(date +%s)

@@ -1,6 +1,5 @@
 #include "core/process_exit.h"
 
-#include <poll.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -20,12 +19,6 @@ Result<ProcessExitFd> ProcessExitFd::open(pid_t pid) {
 #else
   return internalError("pidfd_open({}): this system has no pidfds", pid);
 #endif
-}
-
-bool ProcessExitFd::exited() const {
-  if (!valid()) return false;
-  pollfd p{fd_.get(), POLLIN, 0};
-  return ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN) != 0;
 }
 
 }  // namespace meridian

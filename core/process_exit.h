@@ -18,8 +18,6 @@ class ProcessExitFd {
   int fd() const { return fd_.get(); }
   pid_t pid() const { return pid_; }
   bool valid() const { return fd_.get() >= 0; }
-  // Without blocking: has it exited?
-  bool exited() const;
 
  private:
   UniqueFd fd_;

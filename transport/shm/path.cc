@@ -70,16 +70,24 @@ void ShmPath::ring() {
 
 std::size_t ShmPath::receive(std::int64_t nowUs) {
   if (failed_) return 0;
-  if (config_.peerPid > 0 && nowUs - lastAliveCheckUs_ >= kAliveCheckUs) {
+  if (config_.peerPid > 0 && !config_.exitWatched && nowUs - lastAliveCheckUs_ >= kAliveCheckUs) {
     lastAliveCheckUs_ = nowUs;
     if (!processAlive(config_.peerPid)) {
-      fail(peerError("the peer's process {} is gone", config_.peerPid));
+      peerExited();
       return 0;
     }
   }
   const std::size_t n = read();
   if (n > 0 && !failed_ && rx_.producerNeedsWaking()) ring();
   return n;
+}
+
+void ShmPath::peerExited() {
+  // Its last records first: after a planned close its goodbye is there, and the path ends
+  // as it should (gracefully), not as a failure.
+  while (!failed_ && read() == kReadBudget) {
+  }
+  if (!failed_) fail(peerError("the peer's process {} is gone", config_.peerPid));
 }
 
 std::size_t ShmPath::send(std::int64_t nowUs) {

@@ -17,9 +17,10 @@
 // counter that breaks the ring's bounds, a frame that does not decode, a payload longer than
 // its header says, all fail the path with a peer error; nothing is trusted to be in bounds.
 //
-// Failure: a goodbye (kClose) ends the path gracefully; a peer process that is gone (checked
-// every kAliveCheckUs) or a broken record fails it, and the engine moves its chunks to the
-// channel's other paths (its TCP paths, on standby while this one is up).
+// Failure: a goodbye (kClose) ends the path gracefully; a peer process that is gone (its
+// pidfd, watched by the caller, or a look every kAliveCheckUs; what it wrote before is read
+// first) or a broken record fails it, and the engine moves its chunks to the channel's other
+// paths (its TCP paths, on standby while this one is up).
 //
 // Threads: pump() and the rest from the backend's progress (one thread at a time).
 #pragma once
@@ -60,7 +61,10 @@ std::size_t ringCapacityOf(std::size_t bytes);
 
 struct ShmPathConfig {
   std::size_t index = 0;            // the channel's path index
-  std::int32_t peerPid = 0;         // its exit fails the path (a pidfd, or a look every kAliveCheckUs)
+  std::int32_t peerPid = 0;         // its exit fails the path (0: not watched)
+  // The caller watches the peer's exit (a pidfd) and calls peerExited(); otherwise the path
+  // looks at the process every kAliveCheckUs.
+  bool exitWatched = false;
   // Reads `n` bytes at the peer's address into dst (the backend's same-host reads,
   // tcp/direct_read.h); empty: the peer may not send DATA-REF chunks on this path.
   std::function<Status(std::uint8_t* dst, std::uint64_t address, std::size_t n)> readPeer;
@@ -97,6 +101,9 @@ class ShmPath {
   bool hasUnsentFrames() const { return !controls_.empty() && !failed_; }
   void fail(const Status& why);
   bool failed() const { return failed_; }
+  // The peer's process exited (seen here or by the caller): what it wrote before is read,
+  // then the path fails unless that ended it (a goodbye).
+  void peerExited();
   // The peer can ring this side's doorbell (it said so in its ring); false: poll.
   bool peerRings() const { return rx_.producerRings(); }
   // Chunks written and not yet acknowledged, a chunk half read or half written, or a full

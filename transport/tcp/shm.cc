@@ -142,30 +142,35 @@ void TcpDevice::Impl::startShmPath(ChannelEntry& e, shm::ShmSegment segment, boo
     MLOG_INFO(kTransport, "shared-memory path to rank {}: no doorbell ({}); the peer polls", e.peerRank,
               bell.status().message());
   }
-  const std::int32_t watched = config.peerPid;
+  // The peer's exit wakes this loop (a killed rank's path fails within a round), where the
+  // kernel has pidfds; otherwise the path looks at the process every kAliveCheckUs.
+  ProcessExitFd exit;
+  if (config.peerPid > 0) {
+    Result<ProcessExitFd> opened = ProcessExitFd::open(config.peerPid);
+    Status st = opened.status();
+    if (st.isOk()) st = epollSet(opened->fd(), EPOLLIN, /*add=*/true);
+    if (st.isOk()) {
+      exit = std::move(opened).value();
+      config.exitWatched = true;
+    } else {
+      MLOG_DEBUG(kTransport, "shared-memory path to rank {}: {}; its exit is seen by polling", e.peerRank,
+                 st.message());
+    }
+  }
   e.shm = std::make_unique<shm::ShmPath>(std::move(segment), creator, *e.engine, std::move(config));
   e.engine->onPathUp(e.shmSlot, -1);
-  // The peer's exit wakes this loop (a killed rank's path fails within a round, not at the
-  // path's next look at the process); without pidfds, that look is all there is.
-  if (watched <= 0) return;
-  Result<ProcessExitFd> exit = ProcessExitFd::open(watched);
-  Status st = exit.status();
-  if (st.isOk()) st = epollSet(exit->fd(), EPOLLIN, /*add=*/true);
-  if (!st.isOk()) {
-    MLOG_DEBUG(kTransport, "shared-memory path to rank {}: {}; its exit is seen by polling", e.peerRank, st.message());
-    return;
+  if (exit.valid()) {
+    shmPeerExits[exit.fd()] = &e;
+    e.shmPeerExit = std::move(exit);
   }
-  shmPeerExits[exit->fd()] = &e;
-  e.shmPeerExit = std::move(exit).value();
 }
 
 bool TcpDevice::Impl::takeShmPeerExit(int fd) {
   const auto it = shmPeerExits.find(fd);
   if (it == shmPeerExits.end()) return false;
   ChannelEntry& e = *it->second;
-  const pid_t pid = e.shmPeerExit.pid();
   stopWatchingShmPeer(e);
-  if (e.shm && !e.shm->failed()) e.shm->fail(peerError("the peer's process {} is gone", pid));
+  if (e.shm && !e.shm->failed()) e.shm->peerExited();
   return true;
 }
 
